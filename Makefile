@@ -1,0 +1,37 @@
+# make demo   — set up .venv on a fresh machine, then train the dates demo (< 3 min)
+# make test   — set up .venv, then run the test suite
+# make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# glibc's allocator is slow for training's large short-lived tensors; jemalloc (Debian libjemalloc2) when present
+JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
+RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC))
+
+.PHONY: demo test multi30k lint clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet torch==2.13.0
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(RUN) $(VENV)/bin/attnkit demo --run-dir runs/demo
+
+test: $(STAMP)
+	$(RUN) $(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+
+MULTI30K_TRAIN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/multi30k_en_de.toml --run-dir runs/multi30k_en_de
+multi30k: $(STAMP)
+	mkdir -p runs/multi30k_en_de && date +%s > runs/multi30k_en_de/started
+	$(RUN) $(MULTI30K_TRAIN)
+	date +%s > runs/multi30k_en_de/finished
+	$(RUN) $(PY) bench/multi30k_en_de.py --run-dir runs/multi30k_en_de --train-command "$(MULTI30K_TRAIN)"
+
+clean:
+	rm -rf runs/demo

@@ -1,0 +1,88 @@
+"""Score a finished Multi30k run on test_2016_flickr and write bench/results/multi30k_en_de.json.
+
+The checkpoint is chosen on the validation set only (best vs. averaged, beam search),
+then scored once on the test set.
+
+    python bench/multi30k_en_de.py --run-dir runs/multi30k_en_de --train-command "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from attnkit.config import load_config
+from attnkit.data import load_split
+from attnkit.decode import translate
+from attnkit.evaluate import bleu, bleu_by_length, chrf
+from attnkit.evaluate.results import write_results
+from attnkit.train import load_checkpoint
+
+
+def score(path, pairs, beam, len_penalty):
+    model, cfg, toks, _ = load_checkpoint(path)
+    start = time.monotonic()
+    out = translate(model, toks, pairs.src, beam_size=beam, len_penalty=len_penalty,
+                    max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)
+    hyps = [t.text[0] for t in out]
+    return hyps, bleu(hyps, pairs.tgt), chrf(hyps, pairs.tgt), time.monotonic() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--run-dir", default="runs/multi30k_en_de")
+    ap.add_argument("--train-command", required=True, help="the command that trained the run, recorded verbatim")
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--len-penalty", type=float, nargs="+", default=[0.6, 1.0, 1.4])
+    ap.add_argument("--data-dir")
+    ap.add_argument("--out", default="bench/results/multi30k_en_de.json")
+    args = ap.parse_args()
+
+    run = Path(args.run_dir)
+    cfg = load_config(run / "config.toml")
+    valid = load_split(cfg.data, "valid", args.data_dir)
+    test = load_split(cfg.data, "test", args.data_dir)
+    candidates = [run / "checkpoints" / n for n in ("best", "averaged", "last") if (run / "checkpoints" / n).exists()]
+    selection = []
+    for path in candidates:
+        for lp in args.len_penalty:
+            _, b, _, _ = score(path, valid, args.beam, lp)
+            selection.append({"checkpoint": path.name, "len_penalty": lp, "valid_bleu": b.score})
+            print(f"valid  {path.name:<9} len_penalty={lp}: {b}", file=sys.stderr)
+    chosen = max(selection, key=lambda r: r["valid_bleu"])
+    path = run / "checkpoints" / chosen["checkpoint"]
+    hyps, b, c, seconds = score(path, test, args.beam, chosen["len_penalty"])
+    print(f"test   {chosen['checkpoint']}: {b}\n       {c}", file=sys.stderr)
+    (run / "test_2016_flickr.hyp.de").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+
+    metrics_log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_logs = [r for r in metrics_log if "tokens_per_s" in r and "lr" in r]
+    meta = json.loads((path.resolve() / "meta.json").read_text())
+    progress = meta["progress"]
+    started, finished = run / "started", run / "finished"
+    wall = None
+    if started.exists() and finished.exists():
+        wall = (int(finished.read_text()) - int(started.read_text())) / 60
+    write_results(
+        args.out, "multi30k_en_de",
+        command=f"{args.train_command} && python bench/multi30k_en_de.py --run-dir {args.run_dir} --beam {args.beam}",
+        metrics={"bleu": round(b.score, 2), "signature": b.signature, "chrf": round(c.score, 2),
+                 "chrf_signature": c.signature, "test_set": "multi30k test_2016_flickr en-de",
+                 "bleu_by_length": bleu_by_length(test.src, hyps, test.tgt)},
+        train_minutes=round(progress["train_seconds"] / 60, 2),
+        wall_minutes_including_validation=None if wall is None else round(wall, 2),
+        tokens_per_s=round(progress["train_tokens"] / progress["train_seconds"], 1),
+        steps=progress["step"], epochs_completed=progress["epoch"],
+        checkpoint=chosen["checkpoint"], beam=args.beam, len_penalty=chosen["len_penalty"],
+        selection_on_valid=selection, decode_seconds_test=round(seconds, 1),
+        last_train_log=train_logs[-1] if train_logs else None,
+    )
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""The command line: ``attnkit train | translate | evaluate | average | demo``.
+
+Every user error (bad config key, misaligned files, broken checkpoint) ends as one line
+on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnkit.errors import AttnkitError
+
+
+def _add_decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default: the checkpoint's config)")
+    p.add_argument("--len-penalty", type=float, default=None)
+    p.add_argument("--batch-tokens", type=int, default=4000, help="source tokens per batch")
+    p.add_argument("--n-best", type=int, default=1)
+
+
+def cmd_train(args) -> int:
+    from attnkit.config import load_config
+    from attnkit.train import Trainer
+
+    cfg = load_config(args.config, args.set)
+    run_dir = Path(args.run_dir or Path("runs") / cfg.name)
+    trainer = Trainer(cfg, run_dir, data_dir=args.data_dir)
+    if args.resume:
+        trainer.resume(args.resume if args.resume != "last" else run_dir)
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    print(f"{cfg.name}: {n_params / 1e6:.1f}M parameters, {len(trainer.train_data.src)} training pairs, "
+          f"vocab {trainer.toks.src.vocab_size}/{trainer.toks.tgt.vocab_size}, run dir {run_dir}", file=sys.stderr)
+    result = trainer.train()
+    print(json.dumps(result))
+    return 0
+
+
+def _read_input(path: str | None) -> list[str]:
+    from attnkit.data import read_lines
+
+    if path and path != "-":
+        return read_lines(path)
+    return [line.rstrip("\n") for line in sys.stdin]
+
+
+def _decode_options(args, cfg) -> dict:
+    return dict(beam_size=args.beam or cfg.decode.beam_size,
+                len_penalty=cfg.decode.len_penalty if args.len_penalty is None else args.len_penalty,
+                max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b, batch_tokens=args.batch_tokens,
+                n_best=args.n_best)
+
+
+def cmd_translate(args) -> int:
+    from attnkit.decode import translate
+    from attnkit.train import load_checkpoint
+
+    model, cfg, toks, _ = load_checkpoint(args.checkpoint)
+    sources = _read_input(args.input)
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    for t in translate(model, toks, sources, **_decode_options(args, cfg)):
+        if args.n_best > 1:
+            for h, text in zip(t.hypotheses, t.text):
+                out.write(f"{h.score:.4f}\t{text}\n")
+        else:
+            out.write(t.text[0] + "\n")
+    if args.output:
+        out.close()
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from attnkit.data import read_lines
+    from attnkit.decode import translate
+    from attnkit.evaluate import bleu, bleu_by_length, chrf
+    from attnkit.train import load_checkpoint
+
+    sources, refs = read_lines(args.src), read_lines(args.ref)
+    if len(sources) != len(refs):
+        raise AttnkitError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
+    model, cfg, toks, path = load_checkpoint(args.checkpoint)
+    hyps = [t.text[0] for t in translate(model, toks, sources, **_decode_options(args, cfg))]
+    b, c = bleu(hyps, refs), chrf(hyps, refs)
+    print(b)
+    print(c)
+    result = {"checkpoint": str(path), "bleu": b.score, "bleu_signature": b.signature, "chrf": c.score,
+              "chrf_signature": c.signature}
+    if args.by_length:
+        result["by_length"] = bleu_by_length(sources, hyps, refs)
+        for row in result["by_length"]:
+            hi = "+" if row["max_len"] is None else row["max_len"]
+            print(f"  source words {row['min_len']:>3}-{hi:<3}  n={row['n']:<5} BLEU {row['bleu']:.2f}")
+    if args.output:
+        Path(args.output).write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def cmd_average(args) -> int:
+    from attnkit.train import average_checkpoints
+
+    out = average_checkpoints([Path(p) for p in args.checkpoints], Path(args.output))
+    print(out)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from attnkit.demo import run_demo
+
+    return run_demo(Path(args.run_dir), minutes=args.minutes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnkit", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model from a TOML config")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--run-dir", help="default: runs/<name>")
+    p.add_argument("--data-dir", help="default: $ATTNKIT_DATA, then ../shared/data")
+    p.add_argument("--resume", nargs="?", const="last", help="continue from a checkpoint (default: the run's last)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("translate", help="translate stdin (or --input) to stdout (or --output)")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint or run directory")
+    p.add_argument("--input", "-i")
+    p.add_argument("--output", "-o")
+    _add_decode_args(p)
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("evaluate", help="translate a test set and score it with sacreBLEU and chrF")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--src", required=True)
+    p.add_argument("--ref", required=True)
+    p.add_argument("--by-length", action="store_true", help="also BLEU per source-length bucket")
+    p.add_argument("--output", help="write the translations here")
+    p.add_argument("--json", help="write the scores here")
+    _add_decode_args(p)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("average", help="average the weights of checkpoints")
+    p.add_argument("checkpoints", nargs="+")
+    p.add_argument("--output", "-o", required=True)
+    p.set_defaults(func=cmd_average)
+
+    p = sub.add_parser("demo", help="train a small Transformer on dates -> ISO dates, show its attention")
+    p.add_argument("--run-dir", default="runs/demo")
+    p.add_argument("--minutes", type=float, default=2.5)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AttnkitError as e:
+        print(f"attnkit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnkit: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,7 @@
+"""Greedy, beam search and sampling over the common decoding interface."""
+
+from attnkit.decode.search import Hypothesis, beam_search, filter_logits, greedy, max_lengths, sample
+from attnkit.decode.translate import Translation, translate
+
+__all__ = ["Hypothesis", "beam_search", "filter_logits", "greedy", "max_lengths", "sample", "Translation",
+           "translate"]

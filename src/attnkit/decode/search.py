@@ -1,0 +1,167 @@
+"""Greedy decoding, beam search and sampling, written once for every model.
+
+A model offers the decoding interface (see ARCHITECTURE.md)::
+
+    memory = model.encode(src)                  # once per batch
+    state = model.init_state(memory)            # caches / recurrent state, with state.select(indices)
+    log_probs, state, attn = model.step(tokens, state, need_weights)   # tokens [N] -> [N, V], attn [N, S] or None
+
+The functions here take the initial ``state`` and never look inside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+BOS, EOS = 2, 3
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS and EOS
+    score: float  # sum of log-probabilities (beam search: divided by length ** len_penalty)
+    attention: Tensor | None = None  # [len(tokens) + 1, S]: one row per output step, EOS included
+    log_probs: list[float] = field(default_factory=list)
+
+
+def max_lengths(src_lengths: Tensor, a: float, b: int) -> Tensor:
+    """The longest output allowed per sentence: ``a * source length + b`` (fairseq's max_len_a/b)."""
+    return (src_lengths.float() * a + b).long().clamp(min=1)
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Keep the ``top_k`` most likely tokens and the smallest set whose probability reaches ``top_p``; -inf elsewhere.
+
+    logits [N, V]. The most likely token always survives.
+    """
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
+        drop_sorted = before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           generator: torch.Generator | None = None, need_weights: bool = False,
+           prefix: Tensor | None = None) -> list[Hypothesis]:
+    """Ancestral sampling; ``temperature == 0`` is greedy decoding. One hypothesis per batch row.
+
+    max_lens [N]; ``prefix`` [N, P] forces the first P output tokens (a language model's prompt).
+    """
+    n = max_lens.size(0)
+    tokens = torch.full((n,), BOS, dtype=torch.long)
+    outputs, scores, attns = [], torch.zeros(n), []
+    finished = torch.zeros(n, dtype=torch.bool)
+    for t in range(int(max_lens.max())):
+        log_probs, state, attn = model.step(tokens, state, need_weights)
+        if prefix is not None and t < prefix.size(1):
+            tokens = prefix[:, t]
+        elif temperature == 0:
+            tokens = log_probs.argmax(-1)
+        else:
+            logits = filter_logits(log_probs / temperature, top_k, top_p)
+            tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
+        tokens = torch.where(t + 1 >= max_lens, torch.full_like(tokens, EOS), tokens)  # force an end
+        tokens = tokens.masked_fill(finished, EOS)
+        scores += log_probs.gather(1, tokens[:, None]).squeeze(1).masked_fill(finished, 0.0)
+        outputs.append(tokens)
+        if attn is not None:
+            attns.append(attn)
+        finished |= tokens.eq(EOS)
+        if finished.all():
+            break
+    out = torch.stack(outputs, 1)
+    attn_all = torch.stack(attns, 1) if attns else None  # [N, T, S]
+    hyps = []
+    for i in range(n):
+        row = out[i].tolist()
+        length = row.index(EOS) if EOS in row else len(row)
+        hyps.append(Hypothesis(row[:length], float(scores[i]),
+                               None if attn_all is None else attn_all[i, : length + 1]))
+    return hyps
+
+
+def greedy(model, state, max_lens: Tensor, need_weights: bool = False) -> list[Hypothesis]:
+    return sample(model, state, max_lens, temperature=0.0, need_weights=need_weights)
+
+
+@torch.no_grad()
+def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty: float = 1.0, n_best: int = 1,
+                need_weights: bool = False) -> list[list[Hypothesis]]:
+    """Batched beam search. Returns, per sentence, the ``n_best`` hypotheses best first.
+
+    Finished hypotheses are scored ``sum log p / (length + 1) ** len_penalty`` (the +1 counts EOS).
+    A sentence stops when it holds ``beam_size`` finished hypotheses, and is then dropped
+    from the batch so later steps only compute the sentences still searching.
+    """
+    n, k = max_lens.size(0), beam_size
+    state = state.select(torch.arange(n).repeat_interleave(k))
+    live = list(range(n))  # sentence id of each remaining block of k rows
+    scores = torch.full((n, k), float("-inf"))
+    scores[:, 0] = 0.0  # all beams start identical: keep only one alive
+    history = torch.full((n * k, 0), BOS, dtype=torch.long)
+    attn_history = None
+    tokens = torch.full((n * k,), BOS, dtype=torch.long)
+    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    for t in range(int(max_lens.max())):
+        log_probs, state, attn = model.step(tokens, state, need_weights)
+        m, v = len(live), log_probs.size(-1)
+        last = torch.tensor([t + 1 >= int(max_lens[s]) for s in live])
+        if last.any():  # at the length limit only EOS may follow
+            forced = torch.full_like(log_probs.view(m, k, v), float("-inf"))
+            forced[..., EOS] = log_probs.view(m, k, v)[..., EOS]
+            log_probs = torch.where(last[:, None, None], forced, log_probs.view(m, k, v)).view(m * k, v)
+        cand = (scores[:, :, None] + log_probs.view(m, k, v)).view(m, k * v)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)
+        top_beam, top_token = top_idx // v, top_idx % v
+        next_rows, next_scores, next_tokens, done = [], [], [], []
+        for j, s in enumerate(live):
+            chosen = []
+            for score, beam, token in zip(top_scores[j].tolist(), top_beam[j].tolist(), top_token[j].tolist()):
+                if score == float("-inf"):
+                    break
+                row = j * k + beam
+                if token == EOS:
+                    if len(finished[s]) < k:
+                        hist = history[row].tolist()
+                        a = None
+                        if attn is not None:
+                            a = torch.cat([attn_history[row], attn[row][None]]) if attn_history is not None \
+                                else attn[row][None]
+                        finished[s].append(Hypothesis(hist, score / (len(hist) + 1) ** len_penalty, a))
+                else:
+                    chosen.append((row, score, token))
+                if len(chosen) == k:
+                    break
+            if len(finished[s]) >= k or not chosen:
+                done.append(j)
+                continue
+            while len(chosen) < k:  # too few live candidates: pad with dead beams
+                chosen.append((chosen[0][0], float("-inf"), chosen[0][2]))
+            for row, score, token in chosen:
+                next_rows.append(row)
+                next_scores.append(score)
+                next_tokens.append(token)
+        done = set(done)
+        live = [s for j, s in enumerate(live) if j not in done]
+        if not live:
+            break
+        rows = torch.tensor(next_rows)
+        state = state.select(rows)
+        tokens = torch.tensor(next_tokens)
+        history = torch.cat([history[rows], tokens[:, None]], dim=1)
+        if attn is not None:
+            step_attn = attn[rows][:, None]
+            attn_history = step_attn if attn_history is None else torch.cat([attn_history[rows], step_attn], 1)
+        scores = torch.tensor(next_scores).view(len(live), k)
+    return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]

@@ -1,0 +1,44 @@
+"""Sentences in, sentences out: tokenize, batch by length, encode, search, detokenize."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnkit.data import Tokenizers, pad, token_batches
+from attnkit.data.tokenizer import EOS
+from attnkit.decode.search import Hypothesis, beam_search, max_lengths, sample
+
+
+@dataclass
+class Translation:
+    source: str
+    hypotheses: list[Hypothesis]  # best first
+    text: list[str]  # detokenized, one per hypothesis
+
+
+@torch.no_grad()
+def translate(model, toks: Tokenizers, sentences: list[str], beam_size: int = 5, len_penalty: float = 1.0,
+              n_best: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, batch_tokens: int = 4000,
+              need_weights: bool = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+              seed: int | None = None) -> list[Translation]:
+    """Translate in length-sorted batches of at most ``batch_tokens`` source tokens; results keep input order.
+
+    ``beam_size == 1`` with ``temperature == 0`` is greedy; ``temperature > 0`` samples.
+    """
+    model.eval()
+    ids = [s + [EOS] for s in toks.src.encode(sentences)]
+    results: list[Translation | None] = [None] * len(sentences)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    for batch in token_batches([len(s) - 1 for s in ids], [0] * len(ids), batch_tokens):
+        src = pad([ids[i] for i in batch])
+        state = model.init_state(model.encode(src))
+        lens = max_lengths(torch.tensor([len(ids[i]) - 1 for i in batch]), max_len_a, max_len_b)
+        if beam_size > 1 and temperature == 0:
+            nbest = beam_search(model, state, lens, beam_size, len_penalty, n_best, need_weights)
+        else:
+            nbest = [[h] for h in sample(model, state, lens, temperature, top_k, top_p, generator, need_weights)]
+        for i, hyps in zip(batch, nbest):
+            results[i] = Translation(sentences[i], hyps, [toks.tgt.decode(h.tokens) for h in hyps])
+    return results

@@ -1,0 +1,57 @@
+"""The results JSON every benchmark writes into ``bench/results/`` (see ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu": cpu, "platform": platform.platform(), "python": sys.version.split()[0]}
+
+
+def versions() -> dict:
+    import numpy
+    import sacrebleu
+    import torch
+
+    import attnkit
+
+    return {"torch": torch.__version__, "attnkit": attnkit.__version__, "sacrebleu": sacrebleu.__version__,
+            "numpy": numpy.__version__}
+
+
+def write_results(path: str | Path, name: str, command: str, metrics: dict, **extra) -> Path:
+    v = versions()
+    record = {"name": name, "metrics": metrics, **extra, "command": command, "git_commit": git_commit(),
+              "torch": v["torch"], "versions": v, "machine": machine(),
+              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path

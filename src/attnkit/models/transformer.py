@@ -1,0 +1,131 @@
+"""The Transformer encoder-decoder (Vaswani et al. 2017) behind the common decoding interface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.config import ModelConfig
+from attnkit.nn import DecoderLayer, EncoderLayer, KVCache, TokenEmbedding, make_positional
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, shared with attnkit.data.tokenizer
+
+
+
+@dataclass
+class Memory:
+    """What the encoder hands the decoder: states [B, S, d_model] and the source padding mask [B, S]."""
+
+    states: Tensor
+    padding_mask: Tensor
+
+    def select(self, indices: Tensor) -> "Memory":
+        return Memory(self.states.index_select(0, indices), self.padding_mask.index_select(0, indices))
+
+
+@dataclass
+class DecoderState:
+    """Everything one decoding step needs: per-layer self-attention caches and cross-attention keys/values."""
+
+    memory: Memory
+    static_kv: list[KVCache]
+    caches: list[KVCache | None]
+    offset: int = 0
+
+    def select(self, indices: Tensor) -> "DecoderState":
+        """Reorder (or repeat) the batch, e.g. by beam origin."""
+        return DecoderState(
+            self.memory.select(indices),
+            [kv.select(indices) for kv in self.static_kv],
+            [None if c is None else c.select(indices) for c in self.caches],
+            self.offset,
+        )
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
+                      cfg.activation, cfg.norm_first)
+        self.src_embed = TokenEmbedding(src_vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
+                                        cfg.dropout, PAD)
+        self.tgt_embed = TokenEmbedding(tgt_vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
+                                        cfg.dropout, PAD)
+        if cfg.share_embeddings:
+            if src_vocab_size != tgt_vocab_size:
+                raise ValueError("share_embeddings needs a joint vocabulary (equal source and target sizes)")
+            self.tgt_embed.tokens.weight = self.src_embed.tokens.weight
+        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(cfg.n_decoder_layers))
+        # pre-LN leaves the last residual stream unnormalised; the paper's post-LN already ends in a norm
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.output = nn.Linear(d, tgt_vocab_size, bias=False)
+        self.output.weight = self.tgt_embed.tokens.weight  # tied as in section 3.4
+        for layer in [*self.encoder, *self.decoder]:
+            for lin in (layer.ffn.linear1, layer.ffn.linear2):
+                nn.init.xavier_uniform_(lin.weight)
+                nn.init.zeros_(lin.bias)
+
+    # --- encoder
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list[Tensor]]:
+        """src [B, S] token ids (PAD-padded) -> Memory; with ``need_weights`` also each layer's self-attention [B, H, S, S]."""
+        padding_mask = src.eq(PAD)
+        x = self.src_embed(src)
+        all_weights = []
+        for layer in self.encoder:
+            x, w = layer(x, padding_mask, need_weights)
+            all_weights.append(w)
+        memory = Memory(self.encoder_norm(x), padding_mask)
+        return (memory, all_weights) if need_weights else memory
+
+    # --- teacher-forced decoder
+
+    def decode_all(self, tgt_in: Tensor, memory: Memory, need_weights: bool = False):
+        """tgt_in [B, T] (BOS + target[:-1]) -> logits [B, T, V] and per-layer cross-attention weights."""
+        x = self.tgt_embed(tgt_in)
+        all_weights = []
+        for layer in self.decoder:
+            x, w, _ = layer(x, memory.states, memory.padding_mask, need_weights=need_weights)
+            all_weights.append(w)
+        return self.output(self.decoder_norm(x)), all_weights
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: src [B, S], tgt_in [B, T] -> logits [B, T, V]."""
+        return self.decode_all(tgt_in, self.encode(src))[0]
+
+    # --- the common decoding interface (attnkit.decode)
+
+    def init_state(self, memory: Memory) -> DecoderState:
+        static_kv = [layer.cross_attn.project_memory(memory.states) for layer in self.decoder]
+        return DecoderState(memory, static_kv, [None] * len(self.decoder))
+
+    def step(self, tokens: Tensor, state: DecoderState, need_weights: bool = False):
+        """tokens [B] (the previous output) -> (log_probs [B, V], new state, cross-attention [B, S] averaged over heads and layers, or None)."""
+        x = self.tgt_embed(tokens[:, None], offset=state.offset)
+        caches, attn = [], None
+        for layer, kv, cache in zip(self.decoder, state.static_kv, state.caches):
+            x, w, cache = layer(x, None, state.memory.padding_mask, cache=_empty_if_none(cache, kv),
+                                static_kv=kv, need_weights=need_weights)
+            caches.append(cache)
+            if w is not None:
+                attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
+        if attn is not None:
+            attn = attn / len(self.decoder)
+        logits = self.output(self.decoder_norm(x[:, 0]))
+        return F.log_softmax(logits.float(), dim=-1), DecoderState(state.memory, state.static_kv, caches,
+                                                                    state.offset + 1), attn
+
+
+def _empty_if_none(cache: KVCache | None, like: KVCache) -> KVCache:
+    if cache is not None:
+        return cache
+    b, h, _, dh = like.keys.shape
+    empty = like.keys.new_zeros(b, h, 0, dh)
+    return KVCache(empty, empty)

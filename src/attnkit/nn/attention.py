@@ -1,0 +1,215 @@
+"""Attention as the lectures define it.
+
+The general form: a query ``q`` is compared with every key ``k_j`` by a similarity
+function ``f_att``; a softmax turns the scores into weights ``a_j``; the output is the
+weighted sum of the values ``sum_j a_j v_j``. :func:`attend` is that formula for many
+queries at once. :class:`MultiHeadAttention` is the Transformer's version, with
+masks, a key/value cache for decoding, and a fast path through PyTorch's fused
+``scaled_dot_product_attention`` when nobody asks for the weights (so the full
+attention matrix is never built).
+
+Mask convention throughout: a boolean ``mask`` is True where attention is *allowed*;
+``key_padding_mask`` is True at *padding* positions (as in ``torch.nn.MultiheadAttention``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# --- similarity functions f_att(q, k): queries [B, T, d_q], keys [B, S, d_k] -> scores [B, T, S]
+
+
+def dot_score(queries: Tensor, keys: Tensor) -> Tensor:
+    """Dot product ``q . k`` (Luong "dot")."""
+    return queries @ keys.transpose(-1, -2)
+
+
+def scaled_dot_score(queries: Tensor, keys: Tensor) -> Tensor:
+    """Scaled dot product ``q . k / sqrt(d_k)`` (Vaswani et al.): keeps the softmax out of saturation."""
+    return queries @ keys.transpose(-1, -2) / math.sqrt(keys.size(-1))
+
+
+class GeneralScore(nn.Module):
+    """Bilinear ``q^T W k`` (Luong "general")."""
+
+    def __init__(self, d_query: int, d_key: int):
+        super().__init__()
+        self.weight = nn.Linear(d_key, d_query, bias=False)
+
+    def forward(self, queries: Tensor, keys: Tensor) -> Tensor:
+        return queries @ self.weight(keys).transpose(-1, -2)
+
+
+class AdditiveScore(nn.Module):
+    """Bahdanau's MLP ``v^T tanh(W q + U k)``: one tanh hidden layer of size ``d_hidden``.
+
+    ``precompute(keys)`` returns ``U k`` so a decoder computes it once per source sentence.
+    """
+
+    def __init__(self, d_query: int, d_key: int, d_hidden: int):
+        super().__init__()
+        self.query_proj = nn.Linear(d_query, d_hidden, bias=False)
+        self.key_proj = nn.Linear(d_key, d_hidden, bias=True)
+        self.v = nn.Linear(d_hidden, 1, bias=False)
+
+    def precompute(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)
+
+    def forward(self, queries: Tensor, keys: Tensor, projected_keys: Tensor | None = None) -> Tensor:
+        uk = self.key_proj(keys) if projected_keys is None else projected_keys  # [B, S, h]
+        wq = self.query_proj(queries)  # [B, T, h]
+        return self.v(torch.tanh(wq.unsqueeze(2) + uk.unsqueeze(1))).squeeze(-1)
+
+
+def make_score(kind: str, d_query: int, d_key: int, d_hidden: int | None = None):
+    """Build a similarity function by name: dot | scaled_dot | general | additive."""
+    if kind == "dot":
+        return dot_score
+    if kind == "scaled_dot":
+        return scaled_dot_score
+    if kind == "general":
+        return GeneralScore(d_query, d_key)
+    if kind == "additive":
+        return AdditiveScore(d_query, d_key, d_hidden or d_key)
+    raise ValueError(f"unknown attention score {kind!r} (dot, scaled_dot, general, additive)")
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """Softmax over the last axis where ``mask`` allows; a row with nothing allowed gets all-zero weights (no NaN)."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights.nan_to_num(0.0)
+
+
+def attend(queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None, score=scaled_dot_score):
+    """The lectures' attention: ``e = f_att(q, k)``, ``a = softmax(e)``, ``out = sum_j a_j v_j``.
+
+    queries [B, T, d_q], keys [B, S, d_k], values [B, S, d_v], mask [B, T, S] or broadcastable
+    (True = allowed). Returns outputs [B, T, d_v] and weights [B, T, S].
+    """
+    weights = masked_softmax(score(queries, keys), mask)
+    return weights @ values, weights
+
+
+def causal_mask(t: int, s: int | None = None, device=None) -> Tensor:
+    """[t, s] boolean, True where query i may see key j (j <= i + s - t): the future stays hidden."""
+    s = t if s is None else s
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+# --- multi-head attention
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one attention layer, [B, H, S, d_head], grown one step at a time."""
+
+    keys: Tensor
+    values: Tensor
+
+    def select(self, indices: Tensor) -> "KVCache":
+        return KVCache(self.keys.index_select(0, indices), self.values.index_select(0, indices))
+
+
+class MultiHeadAttention(nn.Module):
+    """``MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`` with ``head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)``.
+
+    The three input projections live in one ``in_proj`` [3 d_model, d_model] (the layout of
+    ``torch.nn.MultiheadAttention``): self-attention does one fused matmul for Q, K and V;
+    cross-attention projects the decoder states with the first third and the encoder
+    memory with the other two.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        if bias:
+            nn.init.zeros_(self.in_proj.bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def _split(self, x: Tensor) -> Tensor:  # [B, T, d_model] -> [B, H, T, d_head]
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+
+    def project_memory(self, memory: Tensor) -> KVCache:
+        """Keys and values of the encoder memory for cross-attention, computed once per sentence."""
+        w, b = self.in_proj.weight[self.d_model:], None if self.in_proj.bias is None else self.in_proj.bias[self.d_model:]
+        k, v = F.linear(memory, w, b).chunk(2, dim=-1)
+        return KVCache(self._split(k), self._split(v))
+
+    def forward(
+        self,
+        queries: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        static_kv: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, KVCache | None]:
+        """queries [B, T, d_model]; memory [B, S, d_model] for cross-attention (None: self-attention).
+
+        key_padding_mask [B, S] (True = pad); ``causal`` hides future keys; ``cache`` holds the
+        keys/values of earlier decoding steps (self-attention) and is returned extended;
+        ``static_kv`` is :meth:`project_memory` of the memory (cross-attention while decoding).
+        Returns (outputs [B, T, d_model], weights [B, H, T, S] or None, new cache or None).
+        """
+        d = self.d_model
+        if memory is None and static_kv is None:  # self-attention: one fused projection
+            q, k, v = self.in_proj(queries).chunk(3, dim=-1)
+            q, k, v = self._split(q), self._split(k), self._split(v)
+            if cache is not None:
+                k = torch.cat([cache.keys, k], dim=2)
+                v = torch.cat([cache.values, v], dim=2)
+                cache = KVCache(k, v)
+        else:
+            b = None if self.in_proj.bias is None else self.in_proj.bias[:d]
+            q = self._split(F.linear(queries, self.in_proj.weight[:d], b))
+            kv = static_kv if static_kv is not None else self.project_memory(memory)
+            k, v = kv.keys, kv.values
+        t, s = q.size(2), k.size(2)
+
+        mask = None  # [B or 1, 1, T or 1, S], True = allowed
+        if key_padding_mask is not None:
+            mask = ~key_padding_mask[:, None, None, :]
+        if causal and t > 1:
+            cm = causal_mask(t, s, device=q.device)
+            mask = cm if mask is None else mask & cm
+
+        dropout = self.dropout if self.training else 0.0
+        if need_weights:
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
+            weights = masked_softmax(scores, mask)
+            out = F.dropout(weights, dropout, self.training) @ v
+        else:
+            weights = None
+            if causal and t == s and key_padding_mask is None:
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=t > 1)
+            else:
+                empty = None
+                if mask is not None and key_padding_mask is not None:
+                    # a sequence that is all padding has no key to attend to: give it zeros, not NaN
+                    empty = key_padding_mask.all(dim=-1)
+                    if empty.any():
+                        mask = mask | empty[:, None, None, None]
+                    else:
+                        empty = None
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+                if empty is not None:
+                    out = out.masked_fill(empty[:, None, None, None], 0.0)
+        out = out.transpose(1, 2).reshape(queries.size(0), t, d)
+        return self.out_proj(out), weights, cache

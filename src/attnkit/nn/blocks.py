@@ -1,0 +1,95 @@
+"""Transformer building blocks: position-wise FFN, encoder and decoder layers.
+
+Each sublayer is wrapped as the paper writes it, ``LayerNorm(x + Dropout(Sublayer(x)))``
+(post-LN), or with ``norm_first`` as ``x + Dropout(Sublayer(LayerNorm(x)))`` (pre-LN,
+which trains deeper stacks without warmup tricks).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.nn.attention import KVCache, MultiHeadAttention
+
+
+class FeedForward(nn.Module):
+    """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (or GELU)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class Residual(nn.Module):
+    """The residual connection with layer norm around one sublayer, post-LN or pre-LN."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer) -> tuple[Tensor, tuple]:
+        """``sublayer(h)`` returns (output, *extras); the extras (weights, cache) pass through."""
+        out, *extras = sublayer(self.norm(x) if self.norm_first else x)
+        x = x + self.dropout(out)
+        return (x if self.norm_first else self.norm(x)), tuple(extras)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+                 activation="relu", norm_first=False):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation_dropout, activation)
+        self.attn_res = Residual(d_model, dropout, norm_first)
+        self.ffn_res = Residual(d_model, dropout, norm_first)
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, need_weights: bool = False):
+        """x [B, S, d_model], padding_mask [B, S] (True = pad) -> (x, self-attention weights [B, H, S, S] or None)."""
+        x, (weights, _) = self.attn_res(
+            x, lambda h: self.self_attn(h, key_padding_mask=padding_mask, need_weights=need_weights))
+        x, _ = self.ffn_res(x, lambda h: (self.ffn(h),))
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, then encoder-decoder (cross) attention, then the FFN."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+                 activation="relu", norm_first=False):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation_dropout, activation)
+        self.self_res = Residual(d_model, dropout, norm_first)
+        self.cross_res = Residual(d_model, dropout, norm_first)
+        self.ffn_res = Residual(d_model, dropout, norm_first)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        memory_padding_mask: Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        static_kv: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, KVCache | None]:
+        """x [B, T, d_model] -> (x, cross-attention weights [B, H, T, S] or None, extended self-attention cache).
+
+        Target padding needs no mask here: pads sit after the last real token, so the causal
+        mask already hides them from every real position.
+        """
+        x, (_, cache) = self.self_res(x, lambda h: self.self_attn(h, causal=True, cache=cache))
+        x, (weights, _) = self.cross_res(x, lambda h: self.cross_attn(
+            h, memory, key_padding_mask=memory_padding_mask, static_kv=static_kv, need_weights=need_weights))
+        x, _ = self.ffn_res(x, lambda h: (self.ffn(h),))
+        return x, weights, cache

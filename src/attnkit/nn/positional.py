@@ -1,0 +1,75 @@
+"""Position information: the paper's sinusoids and learned position embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))``.
+
+    Returns [n_positions, d_model]; even columns hold sines, odd columns cosines, as the paper writes it.
+    """
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    angles = pos / torch.pow(10000.0, two_i / d_model)
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds no parameters; a buffer, recomputed rather than saved in checkpoints."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024):
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        """positions [..., T] (ints) -> [..., T, d_model]."""
+        if positions.max() >= self.table.size(0):
+            self.table = sinusoidal_table(int(positions.max()) * 2, self.table.size(1)).to(self.table.device)
+        return self.table[positions]
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    def __init__(self, d_model: int, max_positions: int = 1024):
+        super().__init__()
+        self.embedding = nn.Embedding(max_positions, d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        if positions.max() >= self.embedding.num_embeddings:
+            raise ValueError(f"position {int(positions.max())} beyond max_positions={self.embedding.num_embeddings}")
+        return self.embedding(positions)
+
+
+def make_positional(kind: str, d_model: int, max_positions: int) -> nn.Module:
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_positions)
+    if kind == "learned":
+        return LearnedPositionalEmbedding(d_model, max_positions)
+    raise ValueError(f"unknown positional encoding {kind!r}")
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding scaled by ``sqrt(d_model)`` (section 3.4), plus positions, then dropout."""
+
+    def __init__(self, vocab_size: int, d_model: int, positional: nn.Module, dropout: float, padding_idx: int = 0):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+        nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
+        with torch.no_grad():
+            self.tokens.weight[padding_idx].zero_()
+        self.positional = positional
+        self.scale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """tokens [B, T] -> [B, T, d_model]; ``offset`` is the position of the first token (decoding)."""
+        positions = torch.arange(offset, offset + tokens.size(1), device=tokens.device)
+        return self.dropout(self.tokens(tokens) * self.scale + self.positional(positions))

@@ -1,0 +1,266 @@
+"""The training loop: teacher forcing, accumulation, clipping, validation, checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from attnkit.config import ExperimentConfig, dump_toml
+from attnkit.data import Encoded, Parallel, Tokenizers, build_tokenizers, collate, encode_pairs, load_split, \
+    token_batches
+from attnkit.decode import translate
+from attnkit.errors import AttnkitError
+from attnkit.evaluate import bleu
+from attnkit.models import build_model
+from attnkit.train import distributed
+from attnkit.train.checkpoint import (
+    average_checkpoints, load_weights, point, read_meta, read_trainer_state, resolve_checkpoint, write_checkpoint,
+)
+from attnkit.train.loss import label_smoothed_nll
+from attnkit.train.schedule import learning_rate
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in meta.json so --resume continues exactly here."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # index of the next batch of this epoch
+    train_seconds: float = 0.0
+    train_tokens: int = 0
+    best_score: float | None = None
+    history: list[str] = field(default_factory=list)  # checkpoint directory names, oldest first
+
+
+class Trainer:
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path, data_dir: str | None = None,
+                 train_pairs: Parallel | None = None, valid_pairs: Parallel | None = None):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        self.rank, self.world = distributed.setup()
+        train_pairs = train_pairs or load_split(cfg.data, "train", data_dir)
+        self.valid_pairs = valid_pairs or load_split(cfg.data, "valid", data_dir)
+        if self.rank == 0:  # one rank trains the tokenizer; the others load it
+            build_tokenizers(cfg.data, train_pairs, self.run_dir)
+        distributed.barrier(self.world)
+        self.toks: Tokenizers = build_tokenizers(cfg.data, train_pairs, self.run_dir)
+        self.train_data: Encoded = encode_pairs(self.toks, train_pairs, cfg.data.max_len)
+        self.valid_data: Encoded = encode_pairs(self.toks, self.valid_pairs)
+        torch.manual_seed(cfg.train.seed)
+        self.model = build_model(cfg.model, self.toks.src.vocab_size, self.toks.tgt.vocab_size)
+        self.forward_model = self.model
+        if self.world > 1:
+            torch.manual_seed(cfg.train.seed + 1000 * self.rank)  # same initial weights, different dropout
+            self.forward_model = torch.nn.parallel.DistributedDataParallel(self.model)
+        t = cfg.train
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps,
+                                          weight_decay=t.weight_decay, fused=True)
+        self.progress = Progress()
+        if self.rank == 0:
+            (self.run_dir / "config.toml").write_text(dump_toml(cfg), encoding="utf-8")
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.writer = None
+        if t.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise AttnkitError("train.tensorboard = true needs the tensorboard package (pip install tensorboard)") \
+                    from None
+            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    # --- state
+
+    def trainer_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"rng.torch.{r}": state for r, state in enumerate(distributed.gather_rng(self.world))}
+        for i, state in self.optimizer.state_dict()["state"].items():
+            for name, value in state.items():
+                tensors[f"optim.{i}.{name}"] = torch.as_tensor(value).clone()
+        return tensors
+
+    def resume(self, path: str | Path) -> None:
+        """Load weights, optimizer moments, RNG and data position from a checkpoint (or a run's last one)."""
+        path = Path(path)
+        if not (path / "model.safetensors").exists() and (path / "checkpoints" / "last").exists():
+            path = (path / "checkpoints" / "last").resolve()
+        path = resolve_checkpoint(path)
+        load_weights(self.model, path / "model.safetensors")
+        tensors = read_trainer_state(path)
+        meta = read_meta(path)
+        state: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key.startswith("optim."):
+                _, i, name = key.split(".", 2)
+                state.setdefault(int(i), {})[name] = value
+        sd = self.optimizer.state_dict()
+        sd["state"] = state
+        try:
+            self.optimizer.load_state_dict(sd)
+        except (ValueError, KeyError) as e:
+            raise AttnkitError(f"{path}/trainer.safetensors: optimizer state does not fit this model ({e})") from None
+        # the same world size continues each rank's dropout stream exactly; another reuses rank 0's
+        key = f"rng.torch.{self.rank}"
+        torch.set_rng_state(tensors[key if key in tensors else "rng.torch.0"])
+        self.progress = Progress(**meta["progress"])
+
+    def save(self, scores: dict | None = None) -> Path | None:
+        """Write a checkpoint. Every rank calls this (the RNG gather); rank 0 writes."""
+        p = self.progress
+        name = f"step-{p.step}"
+        if name not in p.history:
+            p.history.append(name)
+        tensors = self.trainer_tensors()
+        stale = p.history[:-max(self.cfg.train.keep_last, self.cfg.train.average_last, 1)]
+        del p.history[:len(stale)]
+        if self.rank != 0:
+            return None
+        meta = {"progress": vars(p), "scores": scores or {}}
+        path = write_checkpoint(self.ckpt_dir / name, self.model, self.cfg, self.toks, meta, tensors)
+        point(self.ckpt_dir / "last", path)
+        best = self.ckpt_dir / "best"
+        for old in stale:
+            if not (best.is_symlink() and best.resolve().name == old):
+                shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
+        return path
+
+    # --- logging
+
+    def log(self, record: dict) -> None:
+        if self.rank != 0:
+            return
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.writer.add_scalar(k, v, record["step"])
+
+    # --- validation
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        self.model.eval()
+        total, n = 0.0, 0
+        data = self.valid_data
+        for idx in token_batches([len(s) for s in data.src], [len(t) for t in data.tgt], self.cfg.train.max_tokens):
+            b = collate([data.src[i] for i in idx], [data.tgt[i] for i in idx], idx)
+            _, nll = label_smoothed_nll(self.model(b.src, b.tgt_in), b.tgt_out, 0.0)
+            total, n = total + float(nll), n + b.n_tokens
+        scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50))}
+        if self.cfg.train.eval_bleu:
+            d = self.cfg.decode
+            out = translate(self.model, self.toks, self.valid_pairs.src, beam_size=self.cfg.train.eval_beam,
+                            len_penalty=d.len_penalty, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+            scores["valid_bleu"] = bleu([t.text[0] for t in out], self.valid_pairs.tgt).score
+        self.model.train()
+        return scores
+
+    def is_better(self, scores: dict) -> bool:
+        key = "valid_bleu" if self.cfg.train.best_metric == "bleu" and "valid_bleu" in scores else "valid_loss"
+        value = scores[key] if key == "valid_bleu" else -scores[key]
+        if self.progress.best_score is None or value > self.progress.best_score:
+            self.progress.best_score = value
+            return True
+        return False
+
+    def evaluate_and_save(self) -> dict:
+        scores = self.validate() if self.rank == 0 else {}
+        self.log({"step": self.progress.step, "epoch": self.progress.epoch, **scores})
+        better = self.rank == 0 and self.is_better(scores)
+        path = self.save(scores)
+        if better:
+            point(self.ckpt_dir / "best", path)
+        distributed.barrier(self.world)
+        return scores
+
+    # --- the loop
+
+    def train(self) -> dict:
+        t, p, model = self.cfg.train, self.progress, self.forward_model
+        model.train()
+        data = self.train_data
+        src_lens, tgt_lens = [len(s) for s in data.src], [len(x) for x in data.tgt]
+        per_update = t.update_freq * self.world  # batches consumed by one optimizer step, over all ranks
+        bar = tqdm(total=t.max_steps, initial=p.step, disable=not t.progress or self.rank != 0, file=sys.stderr,
+                   dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 60.0, desc="train")
+        start, window_loss, window_tokens, window_start = time.monotonic() - p.train_seconds, 0.0, 0, time.monotonic()
+        scores: dict = {}
+        stop = False
+        while not stop:
+            if t.max_epochs and p.epoch >= t.max_epochs:
+                break
+            batches = token_batches(src_lens, tgt_lens, t.max_tokens, seed=t.seed, epoch=p.epoch)
+            # every rank needs a batch for each step: an epoch's last, incomplete group is skipped
+            while p.batch_in_epoch + per_update <= len(batches) or (self.world == 1 and p.batch_in_epoch < len(batches)):
+                group = batches[p.batch_in_epoch: p.batch_in_epoch + per_update][self.rank::self.world]
+                lr = learning_rate(p.step + 1, t, self.cfg.model.d_model)
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+                n_tokens, loss_sum = 0, 0.0
+                for k, idx in enumerate(group):
+                    b = collate([data.src[i] for i in idx], [data.tgt[i] for i in idx], idx)
+                    sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
+                    with contextlib.nullcontext() if sync else model.no_sync():
+                        loss, nll = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, t.label_smoothing)
+                        loss.backward()
+                    n_tokens += b.n_tokens
+                    loss_sum += float(nll)
+                n_tokens = int(distributed.all_sum(n_tokens, self.world))
+                loss_sum = distributed.all_sum(loss_sum, self.world)
+                # the loss is a sum over tokens and DDP averages over ranks: make it a per-token mean
+                for param in self.model.parameters():
+                    if param.grad is not None:
+                        param.grad.mul_(self.world / n_tokens)
+                if t.clip_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                p.step += 1
+                p.batch_in_epoch += per_update
+                p.train_tokens += n_tokens
+                p.train_seconds = time.monotonic() - start
+                window_loss += loss_sum
+                window_tokens += n_tokens
+                bar.update(1)
+                if p.step % t.log_every == 0:
+                    elapsed = time.monotonic() - window_start
+                    record = {"step": p.step, "epoch": p.epoch, "lr": lr, "train_nll": window_loss / window_tokens,
+                              "tokens_per_s": window_tokens / max(elapsed, 1e-9), "minutes": p.train_seconds / 60}
+                    self.log(record)
+                    bar.set_postfix(nll=f"{record['train_nll']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                    window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+                out_of_time = bool(t.max_minutes) and p.train_seconds >= t.max_minutes * 60
+                stop = p.step >= t.max_steps or distributed.any_true(out_of_time, self.world)
+                if stop or (t.eval_every and p.step % t.eval_every == 0):
+                    scores = self.evaluate_and_save()
+                    start = time.monotonic() - p.train_seconds  # validation time is not training time
+                elif t.save_every and p.step % t.save_every == 0:
+                    self.save()
+                if stop:
+                    break
+            else:
+                p.epoch += 1
+                p.batch_in_epoch = 0
+                if not t.eval_every:
+                    scores = self.evaluate_and_save()
+                    start = time.monotonic() - p.train_seconds
+        bar.close()
+        if f"step-{p.step}" not in p.history:
+            scores = self.evaluate_and_save()
+        if self.rank == 0 and t.average_last > 1 and len(p.history) >= 2:
+            paths = [self.ckpt_dir / n for n in p.history[-t.average_last:]]
+            average_checkpoints(paths, self.ckpt_dir / "averaged")
+        distributed.barrier(self.world)
+        return {"step": p.step, "epoch": p.epoch, "train_minutes": p.train_seconds / 60,
+                "tokens_per_s": p.train_tokens / max(p.train_seconds, 1e-9), **scores}

@@ -1,0 +1,335 @@
+"""Attention against PyTorch's reference and against the lectures' formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_model, random_src
+
+from attnkit.models import PAD
+from attnkit.nn import (
+    AdditiveScore, GeneralScore, KVCache, MultiHeadAttention, SinusoidalPositionalEncoding, attend, causal_mask,
+    dot_score, make_score, masked_softmax, scaled_dot_score, sinusoidal_table,
+)
+
+D, H = 32, 4
+
+
+def _pair(seed: int = 0) -> tuple[MultiHeadAttention, torch.nn.MultiheadAttention]:
+    """attnkit's and torch's multi-head attention holding the same (random, non-zero) weights."""
+    torch.manual_seed(seed)
+    ours = MultiHeadAttention(D, H).eval()
+    with torch.no_grad():  # biases are zero-initialised: make them count
+        ours.in_proj.bias.normal_()
+        ours.out_proj.bias.normal_()
+    ref = torch.nn.MultiheadAttention(D, H, batch_first=True).eval()
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(ours.in_proj.weight)
+        ref.in_proj_bias.copy_(ours.in_proj.bias)
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        ref.out_proj.bias.copy_(ours.out_proj.bias)
+    return ours, ref
+
+
+def _padding(lengths: list[int], total: int) -> torch.Tensor:
+    """[B, total] bool, True at padding."""
+    return torch.arange(total)[None, :] >= torch.tensor(lengths)[:, None]
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+# --- against torch.nn.MultiheadAttention
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_self_attention_with_padding_matches_torch(need_weights):
+    ours, ref = _pair()
+    x = torch.randn(3, 7, D)
+    kpm = _padding([7, 4, 1], 7)
+    with torch.no_grad():
+        out, w, _ = ours(x, key_padding_mask=kpm, need_weights=need_weights)
+        ref_out, ref_w = ref(x, x, x, key_padding_mask=kpm, need_weights=True, average_attn_weights=False)
+    assert _maxdiff(out, ref_out) <= 1e-5
+    if need_weights:
+        assert w.shape == (3, H, 7, 7)
+        assert _maxdiff(w, ref_w) <= 1e-5
+    else:
+        assert w is None
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_causal_self_attention_matches_torch(need_weights, mask_kind):
+    ours, ref = _pair(1)
+    x = torch.randn(2, 6, D)
+    disallowed = ~causal_mask(6)
+    attn_mask = disallowed if mask_kind == "bool" else torch.zeros(6, 6).masked_fill(disallowed, float("-inf"))
+    with torch.no_grad():
+        out, w, _ = ours(x, causal=True, need_weights=need_weights)
+        ref_out, ref_w = ref(x, x, x, attn_mask=attn_mask, need_weights=True, average_attn_weights=False)
+    assert _maxdiff(out, ref_out) <= 1e-5
+    if need_weights:
+        assert _maxdiff(w, ref_w) <= 1e-5
+        assert torch.all(w[..., disallowed] == 0)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_causal_with_padding_matches_torch(need_weights):
+    ours, ref = _pair(2)
+    x = torch.randn(3, 5, D)
+    kpm = _padding([5, 3, 2], 5)
+    with torch.no_grad():
+        out, w, _ = ours(x, causal=True, key_padding_mask=kpm, need_weights=need_weights)
+        ref_out, ref_w = ref(x, x, x, attn_mask=~causal_mask(5), key_padding_mask=kpm, need_weights=True,
+                             average_attn_weights=False)
+    assert _maxdiff(out, ref_out) <= 1e-5
+    if need_weights:
+        assert _maxdiff(w, ref_w) <= 1e-5
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_cross_attention_matches_torch(need_weights):
+    ours, ref = _pair(3)
+    queries = torch.randn(3, 4, D)
+    memory = torch.randn(3, 9, D)
+    kpm = _padding([9, 6, 2], 9)
+    with torch.no_grad():
+        out, w, _ = ours(queries, memory, key_padding_mask=kpm, need_weights=need_weights)
+        ref_out, ref_w = ref(queries, memory, memory, key_padding_mask=kpm, need_weights=True,
+                             average_attn_weights=False)
+        # the decoder's path: memory projected once, handed over as static keys/values
+        out_static, _, _ = ours(queries, static_kv=ours.project_memory(memory), key_padding_mask=kpm)
+    assert out.shape == (3, 4, D)
+    assert _maxdiff(out, ref_out) <= 1e-5
+    assert _maxdiff(out_static, ref_out) <= 1e-5
+    if need_weights:
+        assert w.shape == (3, H, 4, 9)
+        assert _maxdiff(w, ref_w) <= 1e-5
+
+
+# --- the fused fast path against the explicit one
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_sdpa_fast_path_equals_explicit_path(causal, padded):
+    ours, _ = _pair(4)
+    x = torch.randn(4, 8, D)
+    kpm = _padding([8, 5, 3, 1], 8) if padded else None
+    with torch.no_grad():
+        fast, none, _ = ours(x, key_padding_mask=kpm, causal=causal, need_weights=False)
+        slow, w, _ = ours(x, key_padding_mask=kpm, causal=causal, need_weights=True)
+    assert none is None and w is not None
+    assert _maxdiff(fast, slow) <= 1e-5
+
+
+def test_incremental_self_attention_with_cache_equals_causal():
+    ours, _ = _pair(5)
+    x = torch.randn(2, 6, D)
+    with torch.no_grad():
+        full, _, _ = ours(x, causal=True)
+        cache = KVCache(torch.zeros(2, H, 0, D // H), torch.zeros(2, H, 0, D // H))
+        steps = []
+        for t in range(6):
+            out, _, cache = ours(x[:, t:t + 1], causal=True, cache=cache)
+            steps.append(out)
+    assert cache.keys.shape == (2, H, 6, D // H)
+    assert _maxdiff(torch.cat(steps, 1), full) <= 1e-5
+
+
+# --- invariances
+
+
+def test_self_attention_is_permutation_equivariant():
+    ours, _ = _pair(6)
+    x = torch.randn(2, 7, D)
+    perm = torch.randperm(7, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(perm, torch.arange(7))
+    with torch.no_grad():
+        out, _, _ = ours(x)
+        out_perm, _, _ = ours(x[:, perm])
+    assert _maxdiff(out_perm, out[:, perm]) <= 1e-5
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_causal_future_never_changes_past(need_weights):
+    ours, _ = _pair(7)
+    x = torch.randn(2, 8, D)
+    with torch.no_grad():
+        out, _, _ = ours(x, causal=True, need_weights=need_weights)
+        for t in range(7):
+            y = x.clone()
+            y[:, t + 1:] = torch.randn_like(y[:, t + 1:])
+            out2, _, _ = ours(y, causal=True, need_weights=need_weights)
+            assert _maxdiff(out2[:, : t + 1], out[:, : t + 1]) <= 1e-6
+            assert _maxdiff(out2[:, t + 1:], out[:, t + 1:]) > 1e-3  # the future does change
+
+
+def test_transformer_decoder_is_causal():
+    model = make_model(vocab=23, seed=1)
+    src = random_src([6, 4], seed=1)
+    tgt = random_src([7, 7], seed=2)
+    with torch.no_grad():
+        memory = model.encode(src)
+        logits, _ = model.decode_all(tgt, memory)
+        for t in range(tgt.size(1) - 1):
+            changed = tgt.clone()
+            changed[:, t + 1:] = torch.randint(4, 23, changed[:, t + 1:].shape)
+            logits2, _ = model.decode_all(changed, memory)
+            assert _maxdiff(logits2[:, : t + 1], logits[:, : t + 1]) <= 1e-5
+
+
+def test_padding_never_changes_real_positions():
+    model = make_model(vocab=23, seed=2)
+    lengths = [7, 5, 2]
+    src = random_src(lengths, seed=3)
+    tgt = random_src([4, 4, 4], seed=4)
+    with torch.no_grad():
+        memory = model.encode(src)
+        batch_logits = model(src, tgt)
+        for i, n in enumerate(lengths):
+            alone = model.encode(src[i:i + 1, :n])
+            assert _maxdiff(memory.states[i, :n], alone.states[0]) <= 1e-5
+            assert _maxdiff(batch_logits[i], model(src[i:i + 1, :n], tgt[i:i + 1])[0]) <= 1e-5
+    assert memory.padding_mask.tolist() == _padding(lengths, 7).tolist()
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_fully_padded_row_gives_no_nan(need_weights):
+    ours, _ = _pair(8)
+    x = torch.randn(2, 5, D)
+    memory = torch.randn(2, 4, D)
+    kpm = _padding([5, 0], 5)
+    mem_kpm = _padding([4, 0], 4)
+    with torch.no_grad():
+        self_out, _, _ = ours(x, key_padding_mask=kpm, need_weights=need_weights)
+        causal_out, _, _ = ours(x, key_padding_mask=kpm, causal=True, need_weights=need_weights)
+        cross_out, _, _ = ours(x, memory, key_padding_mask=mem_kpm, need_weights=need_weights)
+        single, _, _ = ours(x[:1], key_padding_mask=kpm[:1], need_weights=need_weights)
+    for out in (self_out, causal_out, cross_out):
+        assert torch.isfinite(out).all()
+        # the real row is unaffected by its all-padding neighbour
+    assert _maxdiff(self_out[:1], single) <= 1e-5
+
+    model = make_model(vocab=23, seed=3)
+    src = random_src([5, 1], seed=5)
+    src[1] = PAD
+    with torch.no_grad():
+        assert torch.isfinite(model(src, random_src([3, 3], seed=6))).all()
+
+
+# --- attend() and the similarity functions
+
+
+def _scores(kind):
+    torch.manual_seed(11)
+    return make_score(kind, 6, 6, 5)
+
+
+def _attend_inputs():
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 3, 6, generator=g)
+    k = torch.randn(2, 5, 6, generator=g)
+    v = torch.randn(2, 5, 4, generator=g)
+    mask = torch.rand(2, 3, 5, generator=g) > 0.4
+    mask[..., 0] = True  # every query may see at least one key
+    mask[0, 1] = torch.tensor([True, False, False, False, False])
+    return q, k, v, mask
+
+
+def _hand_score(kind, score, q, k):
+    b, t, s = q.size(0), q.size(1), k.size(1)
+    e = torch.empty(b, t, s)
+    for n in range(b):
+        for i in range(t):
+            for j in range(s):
+                qi, kj = q[n, i], k[n, j]
+                if kind == "dot":
+                    e[n, i, j] = qi @ kj
+                elif kind == "scaled_dot":
+                    e[n, i, j] = qi @ kj / math.sqrt(kj.numel())
+                elif kind == "general":
+                    e[n, i, j] = qi @ score.weight.weight @ kj  # q^T W k
+                else:  # v^T tanh(W q + U k + b)
+                    wq = score.query_proj.weight @ qi
+                    uk = score.key_proj.weight @ kj + score.key_proj.bias
+                    e[n, i, j] = score.v.weight[0] @ torch.tanh(wq + uk)
+    return e
+
+
+@pytest.mark.parametrize("kind", ["dot", "scaled_dot", "general", "additive"])
+def test_attend_with_each_score(kind):
+    score = _scores(kind)
+    if kind in ("dot", "scaled_dot"):
+        assert score is {"dot": dot_score, "scaled_dot": scaled_dot_score}[kind]
+    else:
+        assert isinstance(score, {"general": GeneralScore, "additive": AdditiveScore}[kind])
+    q, k, v, mask = _attend_inputs()
+    with torch.no_grad():
+        out, w = attend(q, k, v, mask, score=score)
+        e = _hand_score(kind, score, q, k)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 3), atol=1e-6)
+    assert torch.all(w[~mask] == 0)
+    assert torch.all(w[mask] > 0)
+    assert torch.allclose(out, w @ v, atol=1e-6)
+    assert torch.allclose(w[0, 1], torch.tensor([1.0, 0, 0, 0, 0]))  # one allowed key takes all the weight
+    expected = torch.softmax(e.masked_fill(~mask, float("-inf")), -1)
+    assert torch.allclose(w, expected, atol=1e-5)
+    out_hand = torch.einsum("bts,bsd->btd", expected, v)
+    assert torch.allclose(out, out_hand, atol=1e-5)
+
+
+def test_additive_score_precompute_and_shapes():
+    score = _scores("additive")
+    q, k, _, _ = _attend_inputs()
+    with torch.no_grad():
+        direct = score(q, k)
+        cached = score(q, k, projected_keys=score.precompute(k))
+    assert direct.shape == (2, 3, 5)
+    assert torch.equal(direct, cached)
+    assert torch.allclose(direct, _hand_score("additive", score, q, k), atol=1e-5)
+
+
+def test_make_score_rejects_unknown():
+    with pytest.raises(ValueError, match="unknown attention score"):
+        make_score("cosine", 4, 4)
+
+
+def test_masked_softmax_all_masked_row_is_zero():
+    scores = torch.randn(2, 3)
+    mask = torch.tensor([[True, False, True], [False, False, False]])
+    w = masked_softmax(scores, mask)
+    assert torch.equal(w[1], torch.zeros(3))
+    assert w[0, 1] == 0 and abs(float(w[0].sum()) - 1) < 1e-6
+
+
+def test_causal_mask_layout():
+    assert causal_mask(3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    # two new queries after three cached keys: query i sees keys j <= i + 3
+    assert causal_mask(2, 5).tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+
+
+# --- positions
+
+
+@pytest.mark.parametrize("d_model", [16, 7])
+def test_sinusoidal_table_matches_the_paper(d_model):
+    n = 60
+    table = sinusoidal_table(n, d_model)
+    assert table.shape == (n, d_model)
+    for pos in range(n):
+        for col in range(d_model):
+            i = col // 2
+            angle = pos / 10000 ** (2 * i / d_model)
+            expected = math.sin(angle) if col % 2 == 0 else math.cos(angle)
+            assert abs(float(table[pos, col]) - expected) <= 1e-6, (pos, col)
+
+
+def test_sinusoidal_encoding_grows_beyond_max_positions():
+    pe = SinusoidalPositionalEncoding(8, max_positions=4)
+    out = pe(torch.arange(10))
+    assert torch.allclose(out, sinusoidal_table(10, 8), atol=1e-7)

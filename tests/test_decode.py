@@ -1,0 +1,287 @@
+"""Decoding: the cached step against the full forward pass; greedy, beam search, sampling, filtering."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import random_src, toy_trained_model
+
+from attnkit.decode import beam_search, filter_logits, greedy, max_lengths, sample, translate
+from attnkit.models import BOS, EOS, PAD
+
+VOCAB = 23
+LENGTHS = [6, 3, 5, 1]
+
+
+class EosBiased:
+    """A model wrapper that makes EOS more likely, so hypotheses end at different lengths."""
+
+    def __init__(self, model, bias: float):
+        self.model, self.bias = model, bias
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def init_state(self, memory):
+        return self.model.init_state(memory)
+
+    def step(self, tokens, state, need_weights=False):
+        log_probs, state, attn = self.model.step(tokens, state, need_weights)
+        log_probs = log_probs.clone()
+        log_probs[:, EOS] += self.bias
+        return torch.log_softmax(log_probs, -1), state, attn
+
+    @torch.no_grad()
+    def teacher_forced(self, src, tgt_in):
+        log_probs = torch.log_softmax(self.model(src, tgt_in), -1)
+        log_probs[..., EOS] += self.bias
+        return torch.log_softmax(log_probs, -1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return toy_trained_model(vocab=VOCAB, steps=60)
+
+
+@pytest.fixture(scope="module")
+def biased(model):
+    return EosBiased(model, 1.0)
+
+
+@pytest.fixture(scope="module")
+def src():
+    return random_src(LENGTHS, vocab=VOCAB, seed=7)
+
+
+def _init(model, src):
+    return model.init_state(model.encode(src))
+
+
+def _max_lens(src, a=1.0, b=4):
+    return max_lengths(src.ne(PAD).sum(1), a, b)
+
+
+def _unpadded(src, i):
+    n = int(src[i].ne(PAD).sum())
+    return src[i:i + 1, :n]
+
+
+# --- the incremental step
+
+
+@torch.no_grad()
+def test_cached_steps_equal_full_forward(model, src):
+    tgt_in = torch.cat([torch.full((src.size(0), 1), BOS), random_src([7] * src.size(0), VOCAB, seed=8)], 1)
+    full = F.log_softmax(model(src, tgt_in), -1)
+    state = _init(model, src)
+    for t in range(tgt_in.size(1)):
+        log_probs, state, attn = model.step(tgt_in[:, t], state, need_weights=True)
+        assert state.offset == t + 1
+        assert (log_probs - full[:, t]).abs().max() <= 1e-5, t
+        # cross-attention averaged over heads and layers: a distribution over real source tokens only
+        assert torch.allclose(attn.sum(-1), torch.ones(src.size(0)), atol=1e-5)
+        assert torch.all(attn[src.eq(PAD)] == 0)
+    assert state.caches[0].keys.shape[2] == tgt_in.size(1)
+
+
+@torch.no_grad()
+def test_state_select_reorders_rows(model, src):
+    state = _init(model, src)
+    tokens = torch.full((src.size(0),), BOS)
+    _, state, _ = model.step(tokens, state)
+    order = torch.tensor([2, 0, 0, 3])
+    picked, _, _ = model.step(torch.tensor([5, 6, 6, 7]), state.select(order))
+    # row r of the selected state continues sentence order[r] exactly
+    for r, i in enumerate(order.tolist()):
+        tok = torch.tensor([[5, 6, 6, 7][r]])
+        alone, _, _ = model.step(tok, state.select(torch.tensor([i])))
+        assert (alone[0] - picked[r]).abs().max() <= 1e-5
+
+
+# --- greedy and beam search
+
+
+def _reference_greedy(model, src, max_len):
+    """Greedy with full teacher-forced forward passes, no cache: argmax, forced EOS at the length limit."""
+    out = [BOS]
+    with torch.no_grad():
+        for t in range(max_len):
+            log_probs = model.teacher_forced(src, torch.tensor([out])) if hasattr(model, "teacher_forced") \
+                else torch.log_softmax(model(src, torch.tensor([out])), -1)
+            token = EOS if t + 1 >= max_len else int(log_probs[0, -1].argmax())
+            if token == EOS:
+                return out[1:]
+            out.append(token)
+    return out[1:]
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_greedy_equals_reference(model, biased, src, use_bias):
+    m = biased if use_bias else model
+    lens = _max_lens(src)
+    hyps = greedy(m, _init(m, src), lens)
+    assert len(hyps) == src.size(0)
+    for i, h in enumerate(hyps):
+        assert h.tokens == _reference_greedy(m, _unpadded(src, i), int(lens[i]))
+        assert len(h.tokens) < int(lens[i])
+    if use_bias:  # the bias makes some hypotheses stop before the limit
+        assert any(len(h.tokens) < int(lens[i]) - 1 for i, h in enumerate(hyps))
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_greedy_batched_equals_unbatched(model, biased, src, use_bias):
+    m = biased if use_bias else model
+    lens = _max_lens(src)
+    batched = greedy(m, _init(m, src), lens)
+    for i, h in enumerate(batched):
+        alone = greedy(m, _init(m, _unpadded(src, i)), lens[i:i + 1])[0]
+        assert h.tokens == alone.tokens
+        assert math.isclose(h.score, alone.score, abs_tol=1e-4)
+
+
+def test_greedy_score_is_sum_of_log_probs(biased, src):
+    lens = _max_lens(src)
+    for i, h in enumerate(greedy(biased, _init(biased, src), lens)):
+        s = _unpadded(src, i)
+        lp = biased.teacher_forced(s, torch.tensor([[BOS] + h.tokens]))[0]
+        expected = sum(float(lp[t, tok]) for t, tok in enumerate(h.tokens + [EOS]))
+        assert math.isclose(h.score, expected, abs_tol=1e-4)
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_beam_size_one_equals_greedy(model, biased, src, use_bias):
+    m = biased if use_bias else model
+    lens = _max_lens(src)
+    beams = beam_search(m, _init(m, src), lens, beam_size=1)
+    greedy_hyps = greedy(m, _init(m, src), lens)
+    assert [b[0].tokens for b in beams] == [g.tokens for g in greedy_hyps]
+
+
+def test_beam_search_n_best_sorted_and_scored(biased, src):
+    k, lp = 4, 1.0
+    lens = _max_lens(src, 1.5, 3)
+    results = beam_search(biased, _init(biased, src), lens, beam_size=k, len_penalty=lp, n_best=k)
+    assert len(results) == src.size(0)
+    for i, hyps in enumerate(results):
+        assert len(hyps) == k
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == k  # distinct hypotheses
+        s = _unpadded(src, i)
+        for h in hyps:  # the score is the length-normalised sum of the model's log-probabilities
+            assert len(h.tokens) < int(lens[i])
+            lprobs = biased.teacher_forced(s, torch.tensor([[BOS] + h.tokens]))[0]
+            total = sum(float(lprobs[t, tok]) for t, tok in enumerate(h.tokens + [EOS]))
+            assert math.isclose(h.score, total / (len(h.tokens) + 1) ** lp, abs_tol=1e-4)
+    # n_best=1 keeps only the best
+    best = beam_search(biased, _init(biased, src), lens, beam_size=k, len_penalty=lp, n_best=1)
+    assert [b[0].tokens for b in best] == [r[0].tokens for r in results]
+    assert all(len(b) == 1 for b in best)
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_beam_search_batched_equals_unbatched(model, biased, src, use_bias):
+    m = biased if use_bias else model
+    k = 3
+    lens = _max_lens(src)
+    batched = beam_search(m, _init(m, src), lens, beam_size=k, n_best=k)
+    for i, hyps in enumerate(batched):
+        alone = beam_search(m, _init(m, _unpadded(src, i)), lens[i:i + 1], beam_size=k, n_best=k)[0]
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        for a, b in zip(hyps, alone):
+            assert math.isclose(a.score, b.score, abs_tol=1e-4)
+
+
+def test_beam_search_attention(biased, src):
+    lens = _max_lens(src)
+    res = beam_search(biased, _init(biased, src), lens, beam_size=3, n_best=2, need_weights=True)
+    plain = beam_search(biased, _init(biased, src), lens, beam_size=3, n_best=2)
+    for i, (hyps, hyps_plain) in enumerate(zip(res, plain)):
+        assert [h.tokens for h in hyps] == [h.tokens for h in hyps_plain]
+        for h in hyps:
+            assert h.attention.shape == (len(h.tokens) + 1, src.size(1))
+            assert torch.allclose(h.attention.sum(-1), torch.ones(len(h.tokens) + 1), atol=1e-5)
+            assert torch.all(h.attention[:, src[i].eq(PAD)] == 0)
+
+
+# --- sampling and filtering
+
+
+def test_filter_logits_top_k():
+    logits = torch.tensor([[0.3, 2.0, -1.0, 1.5, 0.9, -0.2]])
+    out = filter_logits(logits, top_k=3)
+    kept = torch.isfinite(out[0]).nonzero().flatten().tolist()
+    assert kept == [1, 3, 4]
+    assert torch.equal(out[0, kept], logits[0, kept])
+    assert torch.all(out[0, [0, 2, 5]] == float("-inf"))
+    assert torch.equal(filter_logits(logits, top_k=0), logits)
+    assert torch.equal(filter_logits(logits, top_k=10), logits)
+
+
+@pytest.mark.parametrize("top_p,expected", [(0.3, [0]), (0.5, [0]), (0.6, [0, 2]), (0.7, [0, 2]),
+                                            (0.8, [0, 2, 3]), (0.9, [0, 2, 3, 1]), (0.99, [0, 2, 3, 1, 4])])
+def test_filter_logits_top_p(top_p, expected):
+    probs = torch.tensor([[0.5, 0.1, 0.25, 0.12, 0.03]])
+    out = filter_logits(probs.log(), top_p=top_p)
+    kept = torch.isfinite(out[0]).nonzero().flatten().tolist()
+    assert sorted(kept) == sorted(expected)
+    # the smallest set of most likely tokens whose mass reaches p
+    assert float(probs[0, kept].sum()) >= top_p
+    order = probs[0].argsort(descending=True).tolist()
+    assert kept == sorted(order[: len(kept)])
+    assert float(probs[0, order[: len(kept) - 1]].sum()) < top_p
+
+
+def test_filter_logits_rows_independent():
+    logits = torch.tensor([[3.0, 0.0, 1.0], [0.0, 1.0, 3.0]])
+    out = filter_logits(logits, top_k=1)
+    assert torch.isfinite(out).tolist() == [[True, False, False], [False, False, True]]
+
+
+def test_sample_temperature_zero_equals_greedy(biased, src):
+    lens = _max_lens(src)
+    greedy_hyps = greedy(biased, _init(biased, src), lens)
+    for temp0 in sample(biased, _init(biased, src), lens, temperature=0.0, top_k=5, top_p=0.5), \
+            sample(biased, _init(biased, src), lens, temperature=1.0, top_k=1):
+        assert [h.tokens for h in temp0] == [g.tokens for g in greedy_hyps]
+    for i, h in enumerate(greedy_hyps):
+        assert h.tokens == _reference_greedy(biased, _unpadded(src, i), int(lens[i]))
+
+
+def test_sample_is_reproducible_and_random(model, src):
+    lens = _max_lens(src, 2.0, 6)
+
+    def run(seed):
+        g = torch.Generator().manual_seed(seed)
+        return [h.tokens for h in sample(model, _init(model, src), lens, temperature=1.5, generator=g)]
+
+    assert run(1) == run(1)
+    assert any(run(s) != run(1) for s in (2, 3, 4))
+    for tokens, n in zip(run(5), lens.tolist()):
+        assert len(tokens) < n
+
+
+def test_max_lengths():
+    assert max_lengths(torch.tensor([0, 3, 10]), 1.2, 10).tolist() == [10, 13, 22]
+    assert max_lengths(torch.tensor([5]), 0.0, 0).tolist() == [1]
+
+
+# --- translate() on a real (tiny) checkpoint
+
+
+def test_translate_keeps_order_and_batching_does_not_matter(trained_checkpoint):
+    from attnkit.train import load_checkpoint
+
+    model, cfg, toks, _ = load_checkpoint(trained_checkpoint)
+    sentences = ["4 March 1997", "the 1st of May, 2001", "12/10/1960", "Jan 3 2030", "Tuesday, June 4th 1985"]
+    together = translate(model, toks, sentences, beam_size=2, max_len_b=5, batch_tokens=4000)
+    one_by_one = [translate(model, toks, [s], beam_size=2, max_len_b=5)[0] for s in sentences]
+    small_batches = translate(model, toks, sentences, beam_size=2, max_len_b=5, batch_tokens=12)
+    assert [t.source for t in together] == sentences
+    for a, b, c in zip(together, one_by_one, small_batches):
+        assert a.text == b.text == c.text
+        assert a.hypotheses[0].tokens == b.hypotheses[0].tokens
+        assert a.text[0] == toks.tgt.decode(a.hypotheses[0].tokens)

@@ -1,0 +1,243 @@
+"""Training: the loss, the schedules, exact resume, checkpoints and their averaging."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_experiment
+
+from attnkit.config import TrainConfig
+from attnkit.data import Tokenizers, generate_dates, load_tokenizers, token_batches
+from attnkit.errors import AttnkitError
+from attnkit.train import Trainer, average_checkpoints, label_smoothed_nll, learning_rate, load_checkpoint, \
+    write_checkpoint
+
+# --- label-smoothed cross entropy
+
+
+def _loss_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5, 11, generator=g) * 3
+    target = torch.randint(1, 11, (3, 5), generator=g)
+    target[0, 3:] = 0  # padding
+    target[2, 1:] = 0
+    return logits, target
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothed_nll_matches_direct_computation(eps):
+    logits, target = _loss_inputs()
+    loss, nll = label_smoothed_nll(logits, target, eps)
+    logp = torch.log_softmax(logits.double(), -1)
+    expected_loss, expected_nll, n = 0.0, 0.0, 0
+    for b in range(3):
+        for t in range(5):
+            y = int(target[b, t])
+            if y == 0:
+                continue
+            n += 1
+            token_nll = -float(logp[b, t, y])
+            expected_nll += token_nll
+            expected_loss += (1 - eps) * token_nll + eps * float(-logp[b, t].mean())
+    assert n == 3 + 5 + 1
+    assert math.isclose(float(loss), expected_loss, rel_tol=1e-5)
+    assert math.isclose(float(nll), expected_nll, rel_tol=1e-5)
+    ce = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
+    assert math.isclose(float(nll), float(ce), rel_tol=1e-5)
+
+
+def test_label_smoothed_nll_gradients():
+    logits, target = _loss_inputs(1)
+    logits.requires_grad_(True)
+    loss, nll = label_smoothed_nll(logits, target, 0.1)
+    assert not nll.requires_grad
+    loss.backward()
+    assert torch.all(logits.grad[target.eq(0)] == 0)  # pads contribute nothing
+    assert logits.grad[target.ne(0)].abs().sum() > 0
+
+
+# --- learning-rate schedules
+
+
+def _tcfg(**kw) -> TrainConfig:
+    return dataclasses.replace(TrainConfig(), **kw)
+
+
+def test_noam_is_the_papers_formula():
+    cfg = _tcfg(schedule="noam", lr=1.0, warmup_steps=4000)
+    for step in (1, 10, 100, 3999, 4000, 4001, 10000, 100000):
+        expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        assert math.isclose(learning_rate(step, cfg, 512), expected, rel_tol=1e-12), step
+    assert learning_rate(0, cfg, 512) == learning_rate(1, cfg, 512)
+    scaled = _tcfg(schedule="noam", lr=2.0, warmup_steps=4000)
+    assert math.isclose(learning_rate(123, scaled, 512), 2 * learning_rate(123, cfg, 512), rel_tol=1e-12)
+    steps = range(1, 12001)
+    assert max(steps, key=lambda s: learning_rate(s, cfg, 512)) == 4000
+
+
+def test_inverse_sqrt_peaks_at_warmup():
+    cfg = _tcfg(schedule="inverse_sqrt", lr=5e-4, warmup_steps=100)
+    values = {s: learning_rate(s, cfg, 256) for s in range(1, 1001)}
+    assert max(values, key=values.get) == 100
+    assert math.isclose(values[100], 5e-4, rel_tol=1e-12)
+    assert math.isclose(values[50], 2.5e-4, rel_tol=1e-12)  # linear warmup
+    assert math.isclose(values[400], 2.5e-4, rel_tol=1e-12)  # 1/sqrt decay
+    assert all(values[s] < values[s + 1] for s in range(1, 100))
+    assert all(values[s] > values[s + 1] for s in range(100, 1000))
+
+
+def test_cosine_reaches_min_lr_at_max_steps():
+    cfg = _tcfg(schedule="cosine", lr=1e-3, min_lr=1e-5, warmup_steps=10, max_steps=110)
+    assert math.isclose(learning_rate(10, cfg, 256), 1e-3, rel_tol=1e-12)
+    assert math.isclose(learning_rate(60, cfg, 256), (1e-3 + 1e-5) / 2, rel_tol=1e-12)
+    assert math.isclose(learning_rate(110, cfg, 256), 1e-5, rel_tol=1e-12)
+    assert math.isclose(learning_rate(500, cfg, 256), 1e-5, rel_tol=1e-12)
+    assert all(learning_rate(s, cfg, 256) > learning_rate(s + 1, cfg, 256) for s in range(10, 110))
+
+
+def test_constant_only_warms_up():
+    cfg = _tcfg(schedule="constant", lr=3e-4, warmup_steps=10)
+    assert math.isclose(learning_rate(5, cfg, 64), 1.5e-4, rel_tol=1e-12)
+    assert learning_rate(10, cfg, 64) == learning_rate(10_000, cfg, 64) == 3e-4
+
+
+# --- exact resume
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("n_pairs,max_tokens,n", [(300, 160, 6), (40, 120, 4)], ids=["mid-epoch", "across-epochs"])
+def test_resume_is_exact(tmp_path, n_pairs, max_tokens, n):
+    pairs, valid = generate_dates(n_pairs, seed=0), generate_dates(10, seed=1)
+
+    def trainer(run, steps):
+        cfg = tiny_experiment(max_steps=steps, save_every=n, max_tokens=max_tokens)
+        assert cfg.model.dropout > 0
+        return Trainer(cfg, tmp_path / run, train_pairs=pairs, valid_pairs=valid)
+
+    first = trainer("A", n)
+    first.train()
+    n_batches = len(token_batches([len(s) for s in first.train_data.src], [len(t) for t in first.train_data.tgt],
+                                  max_tokens, seed=first.cfg.train.seed))
+    if n_pairs == 300:
+        assert first.progress.epoch == 0 and 0 < first.progress.batch_in_epoch < n_batches  # stopped mid-epoch
+    else:
+        assert n < n_batches < 2 * n  # the second half crosses into the next epoch
+    after_first = _weights(first.model)
+    del first
+
+    resumed = trainer("A", 2 * n)
+    assert not all(torch.equal(v, after_first[k]) for k, v in resumed.model.state_dict().items())
+    resumed.resume(tmp_path / "A")
+    for k, v in resumed.model.state_dict().items():
+        assert torch.equal(v, after_first[k]), k
+    assert resumed.progress.step == n
+    resumed.train()
+
+    (tmp_path / "B").mkdir()
+    shutil.copy(tmp_path / "A" / "spm.model", tmp_path / "B" / "spm.model")  # the same tokenizer, not a retrained one
+    straight = trainer("B", 2 * n)
+    straight.train()
+
+    assert resumed.progress.step == straight.progress.step == 2 * n
+    assert (resumed.progress.epoch, resumed.progress.batch_in_epoch) == \
+        (straight.progress.epoch, straight.progress.batch_in_epoch)
+    if n_pairs != 300:
+        assert straight.progress.epoch == 1
+    a, b = resumed.model.state_dict(), straight.model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert not all(torch.equal(a[k], after_first[k]) for k in a)  # the second half did train
+    sa, sb = resumed.optimizer.state_dict()["state"], straight.optimizer.state_dict()["state"]
+    for i in sa:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(sa[i][name], sb[i][name]), (i, name)
+
+
+def test_resume_refuses_a_checkpoint_without_trainer_state(tmp_path, trained_checkpoint):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained_checkpoint, ckpt)
+    (ckpt / "trainer.safetensors").unlink()
+    t = Trainer(tiny_experiment(), tmp_path / "run", train_pairs=generate_dates(50), valid_pairs=generate_dates(5, 1))
+    shutil.copy(ckpt / "spm.model", tmp_path / "run" / "spm.model")
+    with pytest.raises(AttnkitError, match="cannot resume"):
+        t.resume(ckpt)
+
+
+# --- checkpoints
+
+
+def test_keep_last_and_no_leftovers(tmp_path):
+    cfg = tiny_experiment(max_steps=5, save_every=1, keep_last=2)
+    t = Trainer(cfg, tmp_path / "run", train_pairs=generate_dates(60), valid_pairs=generate_dates(5, 1))
+    t.train()
+    ckpts = tmp_path / "run" / "checkpoints"
+    names = sorted(p.name for p in ckpts.iterdir())
+    best = (ckpts / "best").resolve().name
+    expected = {"last", "best", "step-4", "step-5", best}
+    assert set(names) == expected, names
+    assert not [n for n in names if n.startswith(".")]
+    assert (ckpts / "last").resolve().name == "step-5"
+    assert t.progress.history == ["step-4", "step-5"]
+
+
+def test_write_checkpoint_leaves_no_temp_dirs(tmp_path, trained_checkpoint):
+    model, cfg, toks, _ = load_checkpoint(trained_checkpoint)
+    out = tmp_path / "ckpts" / "step-7"
+    write_checkpoint(out, model, cfg, toks, {"n": 1})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    write_checkpoint(out, model, cfg, toks, {"n": 2}, {"x": torch.zeros(2)})  # overwrite in place
+    assert [p.name for p in out.parent.iterdir()] == ["step-7"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "meta.json", "model.safetensors", "spm.model",
+                                                     "trainer.safetensors"]
+    again, _, _, _ = load_checkpoint(out)
+    for (k, v), (_, w) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(v, w), k
+
+    # a failure half way leaves the old checkpoint intact and no temporary directory
+    missing = SimpleNamespace(path=tmp_path / "nowhere" / "spm.model")
+    broken = Tokenizers(missing, missing)
+    with pytest.raises(FileNotFoundError):
+        write_checkpoint(out, model, cfg, broken, {"n": 3})
+    assert [p.name for p in out.parent.iterdir()] == ["step-7"]
+    assert '"n": 2' in (out / "meta.json").read_text()
+
+
+def test_average_of_two_checkpoints_is_the_mean(tmp_path, trained_checkpoint):
+    model, cfg, toks, _ = load_checkpoint(trained_checkpoint)
+    other = tmp_path / "other"
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    write_checkpoint(other, model, cfg, toks, {"progress": {"step": 99}})
+    out = average_checkpoints([trained_checkpoint, other], tmp_path / "avg")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    a, _, _, _ = load_checkpoint(trained_checkpoint)
+    b, _, _, _ = load_checkpoint(other)
+    avg, avg_cfg, avg_toks, _ = load_checkpoint(out)
+    assert avg_cfg == cfg
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    n = 0
+    for k, v in avg.named_parameters():
+        mean = ((pa[k].double() + pb[k].double()) / 2).float()
+        assert torch.allclose(v, mean, atol=1e-7, rtol=0), k
+        assert not torch.equal(v, pa[k])
+        n += 1
+    assert n == len(pa) > 10
+    # tied embeddings stay tied
+    assert avg.output.weight.data_ptr() == avg.src_embed.tokens.weight.data_ptr()
+    assert load_tokenizers(out).src.vocab_size == toks.src.vocab_size
+    with pytest.raises(AttnkitError):
+        average_checkpoints([], tmp_path / "none")
