@@ -13,10 +13,10 @@ import torch
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from attnkit.config import ExperimentConfig, ModelConfig  # noqa: E402
-from attnkit.data import generate_dates, resolve_data_dir  # noqa: E402
-from attnkit.errors import AttnkitError  # noqa: E402
-from attnkit.models import PAD, Transformer  # noqa: E402
+from attnkit.config import ExperimentConfig, ModelConfig
+from attnkit.data import generate_dates, resolve_data_dir
+from attnkit.errors import AttnkitError
+from attnkit.models import PAD, Transformer
 
 
 def pytest_configure(config):
@@ -24,15 +24,9 @@ def pytest_configure(config):
 
 
 def tiny_model_config(**overrides) -> ModelConfig:
-    base = dict(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
-                attention_dropout=0.0, activation_dropout=0.0, max_positions=128, share_embeddings=True)
-    base.update(overrides)
-    return ModelConfig(**base)
-
-
-@pytest.fixture
-def tiny_model_cfg() -> ModelConfig:
-    return tiny_model_config()
+    base = {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 2, "n_decoder_layers": 2, "dropout": 0.0,
+            "attention_dropout": 0.0, "activation_dropout": 0.0, "max_positions": 128, "share_embeddings": True}
+    return ModelConfig(**{**base, **overrides})
 
 
 def make_model(vocab: int = 23, seed: int = 0, **overrides) -> Transformer:
@@ -41,11 +35,6 @@ def make_model(vocab: int = 23, seed: int = 0, **overrides) -> Transformer:
     model = Transformer(tiny_model_config(**overrides), vocab, vocab)
     model.eval()
     return model
-
-
-@pytest.fixture
-def tiny_model() -> Transformer:
-    return make_model()
 
 
 def random_src(lengths: list[int], vocab: int = 23, seed: int = 0) -> torch.Tensor:
@@ -62,16 +51,10 @@ def tiny_experiment(**train_overrides) -> ExperimentConfig:
     cfg = ExperimentConfig(name="tiny")
     cfg.model = tiny_model_config(dropout=0.1, max_positions=64)
     cfg.data = dataclasses.replace(cfg.data, format="dates", vocab_size=64, max_len=64)
-    train = dict(seed=3, max_tokens=160, max_steps=4, lr=1e-3, warmup_steps=2, log_every=1000, eval_every=0,
-                 eval_bleu=False, save_every=0, keep_last=3, progress=False, threads=1)
-    train.update(train_overrides)
-    cfg.train = dataclasses.replace(cfg.train, **train)
+    train = {"seed": 3, "max_tokens": 160, "max_steps": 4, "lr": 1e-3, "warmup_steps": 2, "log_every": 1000,
+             "eval_every": 0, "eval_bleu": False, "save_every": 0, "keep_last": 3, "progress": False, "threads": 1}
+    cfg.train = dataclasses.replace(cfg.train, **{**train, **train_overrides})
     return cfg
-
-
-@pytest.fixture
-def tiny_experiment_cfg() -> ExperimentConfig:
-    return tiny_experiment()
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,23 @@ import math
 
 import pytest
 import torch
-from conftest import make_model, random_src
 
 from attnkit.models import PAD
 from attnkit.nn import (
-    AdditiveScore, GeneralScore, KVCache, MultiHeadAttention, SinusoidalPositionalEncoding, attend, causal_mask,
-    dot_score, make_score, masked_softmax, scaled_dot_score, sinusoidal_table,
+    AdditiveScore,
+    GeneralScore,
+    KVCache,
+    MultiHeadAttention,
+    SinusoidalPositionalEncoding,
+    attend,
+    causal_mask,
+    dot_score,
+    make_score,
+    masked_softmax,
+    scaled_dot_score,
+    sinusoidal_table,
 )
+from conftest import make_model, random_src
 
 D, H = 32, 4
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_src, toy_trained_model
 
 from attnkit.decode import beam_search, filter_logits, greedy, max_lengths, sample, translate
 from attnkit.models import BOS, EOS, PAD
+from conftest import random_src, toy_trained_model
 
 VOCAB = 23
 LENGTHS = [6, 3, 5, 1]
@@ -275,7 +275,7 @@ def test_max_lengths():
 def test_translate_keeps_order_and_batching_does_not_matter(trained_checkpoint):
     from attnkit.train import load_checkpoint
 
-    model, cfg, toks, _ = load_checkpoint(trained_checkpoint)
+    model, _, toks, _ = load_checkpoint(trained_checkpoint)
     sentences = ["4 March 1997", "the 1st of May, 2001", "12/10/1960", "Jan 3 2030", "Tuesday, June 4th 1985"]
     together = translate(model, toks, sentences, beam_size=2, max_len_b=5, batch_tokens=4000)
     one_by_one = [translate(model, toks, [s], beam_size=2, max_len_b=5)[0] for s in sentences]

@@ -5,18 +5,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_experiment
 
 from attnkit.config import TrainConfig
-from attnkit.data import Tokenizers, generate_dates, load_tokenizers, token_batches
+from attnkit.data import generate_dates, load_tokenizers, token_batches
 from attnkit.errors import AttnkitError
-from attnkit.train import Trainer, average_checkpoints, label_smoothed_nll, learning_rate, load_checkpoint, \
-    write_checkpoint
+from attnkit.train import (
+    Trainer,
+    average_checkpoints,
+    label_smoothed_nll,
+    learning_rate,
+    load_checkpoint,
+    write_checkpoint,
+)
+from conftest import tiny_experiment
 
 # --- label-smoothed cross entropy
 
@@ -125,8 +130,7 @@ def test_resume_is_exact(tmp_path, n_pairs, max_tokens, n):
 
     first = trainer("A", n)
     first.train()
-    n_batches = len(token_batches([len(s) for s in first.train_data.src], [len(t) for t in first.train_data.tgt],
-                                  max_tokens, seed=first.cfg.train.seed))
+    n_batches = len(token_batches(*first.task.lengths("train"), max_tokens, seed=first.cfg.train.seed))
     if n_pairs == 300:
         assert first.progress.epoch == 0 and 0 < first.progress.batch_in_epoch < n_batches  # stopped mid-epoch
     else:
@@ -193,11 +197,11 @@ def test_keep_last_and_no_leftovers(tmp_path):
 def test_write_checkpoint_leaves_no_temp_dirs(tmp_path, trained_checkpoint):
     model, cfg, toks, _ = load_checkpoint(trained_checkpoint)
     out = tmp_path / "ckpts" / "step-7"
-    write_checkpoint(out, model, cfg, toks, {"n": 1})
+    write_checkpoint(out, model, cfg, [toks.src.path], {"n": 1})
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    write_checkpoint(out, model, cfg, toks, {"n": 2}, {"x": torch.zeros(2)})  # overwrite in place
+    write_checkpoint(out, model, cfg, [toks.src.path], {"n": 2}, {"x": torch.zeros(2)})  # overwrite in place
     assert [p.name for p in out.parent.iterdir()] == ["step-7"]
     assert sorted(p.name for p in out.iterdir()) == ["config.toml", "meta.json", "model.safetensors", "spm.model",
                                                      "trainer.safetensors"]
@@ -206,10 +210,8 @@ def test_write_checkpoint_leaves_no_temp_dirs(tmp_path, trained_checkpoint):
         assert torch.equal(v, w), k
 
     # a failure half way leaves the old checkpoint intact and no temporary directory
-    missing = SimpleNamespace(path=tmp_path / "nowhere" / "spm.model")
-    broken = Tokenizers(missing, missing)
     with pytest.raises(FileNotFoundError):
-        write_checkpoint(out, model, cfg, broken, {"n": 3})
+        write_checkpoint(out, model, cfg, [tmp_path / "nowhere" / "spm.model"], {"n": 3})
     assert [p.name for p in out.parent.iterdir()] == ["step-7"]
     assert '"n": 2' in (out / "meta.json").read_text()
 
@@ -221,12 +223,12 @@ def test_average_of_two_checkpoints_is_the_mean(tmp_path, trained_checkpoint):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))
-    write_checkpoint(other, model, cfg, toks, {"progress": {"step": 99}})
+    write_checkpoint(other, model, cfg, [toks.src.path], {"progress": {"step": 99}})
     out = average_checkpoints([trained_checkpoint, other], tmp_path / "avg")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     a, _, _, _ = load_checkpoint(trained_checkpoint)
     b, _, _, _ = load_checkpoint(other)
-    avg, avg_cfg, avg_toks, _ = load_checkpoint(out)
+    avg, avg_cfg, _, _ = load_checkpoint(out)
     assert avg_cfg == cfg
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
     n = 0

@@ -31,8 +31,8 @@ def cmd_train(args) -> int:
     if args.resume:
         trainer.resume(args.resume if args.resume != "last" else run_dir)
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    print(f"{cfg.name}: {n_params / 1e6:.1f}M parameters, {len(trainer.train_data.src)} training pairs, "
-          f"vocab {trainer.toks.src.vocab_size}/{trainer.toks.tgt.vocab_size}, run dir {run_dir}", file=sys.stderr)
+    print(f"{cfg.name}: {n_params / 1e6:.1f}M parameters, {len(trainer.task.lengths('train')[0])} training examples, "
+          f"run dir {run_dir}", file=sys.stderr)
     result = trainer.train()
     print(json.dumps(result))
     return 0
@@ -58,16 +58,17 @@ def cmd_translate(args) -> int:
     from attnkit.train import load_checkpoint
 
     model, cfg, toks, _ = load_checkpoint(args.checkpoint)
-    sources = _read_input(args.input)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    for t in translate(model, toks, sources, **_decode_options(args, cfg)):
+    lines = []
+    for t in translate(model, toks, _read_input(args.input), **_decode_options(args, cfg)):
         if args.n_best > 1:
-            for h, text in zip(t.hypotheses, t.text):
-                out.write(f"{h.score:.4f}\t{text}\n")
+            lines += [f"{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, t.text)]
         else:
-            out.write(t.text[0] + "\n")
+            lines.append(t.text[0])
+    text = "".join(line + "\n" for line in lines)
     if args.output:
-        out.close()
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
     return 0
 
 

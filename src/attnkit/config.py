@@ -9,10 +9,11 @@ error naming the file and the key.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 from attnkit.errors import AttnkitError
 
@@ -222,9 +223,13 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
         if value not in choices:
             raise AttnkitError(f"{where}: {section}.{key} = {value!r} is not one of {', '.join(choices)}")
     m = cfg.model
+    if m.share_embeddings and not cfg.data.joint_vocab:
+        raise AttnkitError(f"{where}: model.share_embeddings = true needs data.joint_vocab = true")
     if m.d_model % m.n_heads:
         raise AttnkitError(f"{where}: model.d_model = {m.d_model} is not divisible by model.n_heads = {m.n_heads}")
-    for section, key in (("model", "dropout"), ("model", "attention_dropout"), ("model", "activation_dropout"), ("train", "label_smoothing")):
+    fractions = [("model", "dropout"), ("model", "attention_dropout"), ("model", "activation_dropout"),
+                 ("train", "label_smoothing")]
+    for section, key in fractions:
         value = getattr(getattr(cfg, section), key)
         if not 0.0 <= value < 1.0:
             raise AttnkitError(f"{where}: {section}.{key} = {value} must be in [0, 1)")

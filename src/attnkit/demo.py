@@ -66,4 +66,4 @@ def run_demo(run_dir: Path, minutes: float = 2.5) -> int:
     return 0 if accuracy >= 0.95 else 1
 
 
-__all__ = ["run_demo", "demo_config", "exact_match"]
+__all__ = ["demo_config", "exact_match", "run_demo"]

@@ -1,16 +1,60 @@
-"""Tokenizers, corpus readers with validation, and length-bucketed batching."""
+"""Tokenizers, corpus readers with validation, length-bucketed batching, Flickr8k images and their grids."""
 
 from attnkit.data.batching import Batch, collate, pad, token_batches
 from attnkit.data.corpus import (
-    Parallel, read_lines, read_multi30k, read_parallel, read_tatoeba, resolve_data_dir, write_lines,
+    Parallel,
+    read_lines,
+    read_multi30k,
+    read_parallel,
+    read_tatoeba,
+    resolve_data_dir,
+    write_lines,
 )
 from attnkit.data.dates import generate_dates
+from attnkit.data.images import (
+    Captions,
+    FeatureCache,
+    encoder_fingerprint,
+    extract_features,
+    flickr8k_images,
+    load_image,
+    read_flickr8k,
+    read_flickr8k_tokens,
+)
 from attnkit.data.prepare import Encoded, Tokenizers, build_tokenizers, encode_pairs, load_split, load_tokenizers
 from attnkit.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_tokenizer
 
 __all__ = [
-    "Batch", "collate", "pad", "token_batches", "Parallel", "read_lines", "read_multi30k", "read_parallel",
-    "read_tatoeba", "resolve_data_dir", "write_lines", "generate_dates", "Encoded", "Tokenizers",
-    "build_tokenizers", "encode_pairs", "load_split", "load_tokenizers", "BOS", "EOS", "PAD", "UNK", "Tokenizer",
+    "BOS",
+    "EOS",
+    "PAD",
+    "UNK",
+    "Batch",
+    "Captions",
+    "Encoded",
+    "FeatureCache",
+    "Parallel",
+    "Tokenizer",
+    "Tokenizers",
+    "build_tokenizers",
+    "collate",
+    "encode_pairs",
+    "encoder_fingerprint",
+    "extract_features",
+    "flickr8k_images",
+    "generate_dates",
+    "load_image",
+    "load_split",
+    "load_tokenizers",
+    "pad",
+    "read_flickr8k",
+    "read_flickr8k_tokens",
+    "read_lines",
+    "read_multi30k",
+    "read_parallel",
+    "read_tatoeba",
+    "resolve_data_dir",
+    "token_batches",
     "train_tokenizer",
+    "write_lines",
 ]

@@ -7,7 +7,6 @@ files of different lengths, bytes that are not UTF-8, a side that is empty.
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import zipfile
 from dataclasses import dataclass
@@ -115,6 +114,5 @@ def read_tatoeba(path: str | Path, reverse: bool = False) -> Parallel:
 
 
 def write_lines(path: str | Path, lines: list[str]) -> None:
-    with io.open(path, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)

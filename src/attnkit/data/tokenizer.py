@@ -6,8 +6,8 @@ Ids 0-3 are fixed for every tokenizer: PAD, UNK, BOS, EOS.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import sentencepiece as spm
 

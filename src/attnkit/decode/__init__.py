@@ -3,5 +3,13 @@
 from attnkit.decode.search import Hypothesis, beam_search, filter_logits, greedy, max_lengths, sample
 from attnkit.decode.translate import Translation, translate
 
-__all__ = ["Hypothesis", "beam_search", "filter_logits", "greedy", "max_lengths", "sample", "Translation",
-           "translate"]
+__all__ = [
+           "Hypothesis",
+           "Translation",
+           "beam_search",
+           "filter_logits",
+           "greedy",
+           "max_lengths",
+           "sample",
+           "translate",
+]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -22,7 +21,7 @@ class Memory:
     states: Tensor
     padding_mask: Tensor
 
-    def select(self, indices: Tensor) -> "Memory":
+    def select(self, indices: Tensor) -> Memory:
         return Memory(self.states.index_select(0, indices), self.padding_mask.index_select(0, indices))
 
 
@@ -35,7 +34,7 @@ class DecoderState:
     caches: list[KVCache | None]
     offset: int = 0
 
-    def select(self, indices: Tensor) -> "DecoderState":
+    def select(self, indices: Tensor) -> DecoderState:
         """Reorder (or repeat) the batch, e.g. by beam origin."""
         return DecoderState(
             self.memory.select(indices),
@@ -75,7 +74,10 @@ class Transformer(nn.Module):
     # --- encoder
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list[Tensor]]:
-        """src [B, S] token ids (PAD-padded) -> Memory; with ``need_weights`` also each layer's self-attention [B, H, S, S]."""
+        """src [B, S] token ids (PAD-padded) -> Memory.
+
+        With ``need_weights`` also returns each layer's self-attention weights [B, H, S, S].
+        """
         padding_mask = src.eq(PAD)
         x = self.src_embed(src)
         all_weights = []
@@ -107,7 +109,10 @@ class Transformer(nn.Module):
         return DecoderState(memory, static_kv, [None] * len(self.decoder))
 
     def step(self, tokens: Tensor, state: DecoderState, need_weights: bool = False):
-        """tokens [B] (the previous output) -> (log_probs [B, V], new state, cross-attention [B, S] averaged over heads and layers, or None)."""
+        """tokens [B] (the previous outputs) -> (log_probs [B, V], new state, attention).
+
+        ``attention`` is the cross-attention [B, S] averaged over heads and layers, or None.
+        """
         x = self.tgt_embed(tokens[:, None], offset=state.offset)
         caches, attn = [], None
         for layer, kv, cache in zip(self.decoder, state.static_kv, state.caches):

@@ -1,17 +1,59 @@
-"""The lectures' vocabulary: attention, positions, Transformer blocks."""
+"""The lectures' vocabulary: attention, positions, Transformer blocks, the image encoder."""
 
 from attnkit.nn.attention import (
-    AdditiveScore, GeneralScore, KVCache, MultiHeadAttention, attend, causal_mask, dot_score, make_score,
-    masked_softmax, scaled_dot_score,
+    AdditiveScore,
+    GeneralScore,
+    KVCache,
+    MultiHeadAttention,
+    attend,
+    causal_mask,
+    dot_score,
+    make_score,
+    masked_softmax,
+    scaled_dot_score,
 )
 from attnkit.nn.blocks import DecoderLayer, EncoderLayer, FeedForward
 from attnkit.nn.positional import (
-    LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding, make_positional, sinusoidal_table,
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+    make_positional,
+    sinusoidal_table,
+)
+from attnkit.nn.vision import (
+    IMAGE_SIZE,
+    EfficientNetLite0,
+    grid_shape,
+    imagenet_class_names,
+    load_pretrained,
+    normalize,
+    pretrained_weights_path,
 )
 
 __all__ = [
-    "AdditiveScore", "GeneralScore", "KVCache", "MultiHeadAttention", "attend", "causal_mask", "dot_score",
-    "make_score", "masked_softmax", "scaled_dot_score", "DecoderLayer", "EncoderLayer", "FeedForward",
-    "LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "TokenEmbedding", "make_positional",
+    "IMAGE_SIZE",
+    "AdditiveScore",
+    "DecoderLayer",
+    "EfficientNetLite0",
+    "EncoderLayer",
+    "FeedForward",
+    "GeneralScore",
+    "KVCache",
+    "LearnedPositionalEmbedding",
+    "MultiHeadAttention",
+    "SinusoidalPositionalEncoding",
+    "TokenEmbedding",
+    "attend",
+    "causal_mask",
+    "dot_score",
+    "grid_shape",
+    "imagenet_class_names",
+    "load_pretrained",
+    "make_positional",
+    "make_score",
+    "masked_softmax",
+    "normalize",
+    "pretrained_weights_path",
+    "scaled_dot_score",
     "sinusoidal_table",
 ]

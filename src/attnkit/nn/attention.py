@@ -114,7 +114,7 @@ class KVCache:
     keys: Tensor
     values: Tensor
 
-    def select(self, indices: Tensor) -> "KVCache":
+    def select(self, indices: Tensor) -> KVCache:
         return KVCache(self.keys.index_select(0, indices), self.values.index_select(0, indices))
 
 
@@ -146,8 +146,8 @@ class MultiHeadAttention(nn.Module):
 
     def project_memory(self, memory: Tensor) -> KVCache:
         """Keys and values of the encoder memory for cross-attention, computed once per sentence."""
-        w, b = self.in_proj.weight[self.d_model:], None if self.in_proj.bias is None else self.in_proj.bias[self.d_model:]
-        k, v = F.linear(memory, w, b).chunk(2, dim=-1)
+        d, bias = self.d_model, self.in_proj.bias
+        k, v = F.linear(memory, self.in_proj.weight[d:], None if bias is None else bias[d:]).chunk(2, dim=-1)
         return KVCache(self._split(k), self._split(v))
 
     def forward(

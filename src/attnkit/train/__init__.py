@@ -5,5 +5,13 @@ from attnkit.train.loss import label_smoothed_nll
 from attnkit.train.schedule import learning_rate
 from attnkit.train.trainer import Progress, Trainer
 
-__all__ = ["average_checkpoints", "load_checkpoint", "resolve_checkpoint", "write_checkpoint",
-           "label_smoothed_nll", "learning_rate", "Progress", "Trainer"]
+__all__ = [
+           "Progress",
+           "Trainer",
+           "average_checkpoints",
+           "label_smoothed_nll",
+           "learning_rate",
+           "load_checkpoint",
+           "resolve_checkpoint",
+           "write_checkpoint",
+]

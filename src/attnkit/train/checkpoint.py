@@ -26,13 +26,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from attnkit.config import ExperimentConfig, dump_toml, load_config
-from attnkit.data import Tokenizers, load_tokenizers
+from attnkit.data import load_tokenizers
 from attnkit.errors import AttnkitError
 from attnkit.models import build_model
 
 
-def write_checkpoint(path: Path, model, cfg: ExperimentConfig, toks: Tokenizers, meta: dict,
+def write_checkpoint(path: Path, model, cfg: ExperimentConfig, files: list[Path], meta: dict,
                      trainer_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """``files`` (tokenizers, vocabularies) are copied beside the weights so the directory stands alone."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -40,8 +41,8 @@ def write_checkpoint(path: Path, model, cfg: ExperimentConfig, toks: Tokenizers,
         tmp.chmod(0o755)  # mkdtemp makes it private
         save_model(model, str(tmp / "model.safetensors"))
         (tmp / "config.toml").write_text(dump_toml(cfg), encoding="utf-8")
-        for tok in {toks.src.path, toks.tgt.path}:
-            shutil.copyfile(tok, tmp / tok.name)
+        for f in files:
+            shutil.copyfile(f, tmp / Path(f).name)
         if trainer_tensors is not None:
             save_file(trainer_tensors, str(tmp / "trainer.safetensors"))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
@@ -143,4 +144,4 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
         for k, v in params.items():
             v.copy_(total[k] / len(paths))
     meta = {**read_meta(resolve_checkpoint(paths[-1])), "averaged": [str(p) for p in paths]}
-    return write_checkpoint(out, model, cfg, toks, meta)
+    return write_checkpoint(out, model, cfg, sorted({toks.src.path, toks.tgt.path}), meta)

@@ -15,18 +15,21 @@ import torch
 from tqdm import tqdm
 
 from attnkit.config import ExperimentConfig, dump_toml
-from attnkit.data import Encoded, Parallel, Tokenizers, build_tokenizers, collate, encode_pairs, load_split, \
-    token_batches
-from attnkit.decode import translate
+from attnkit.data import Parallel, token_batches
 from attnkit.errors import AttnkitError
-from attnkit.evaluate import bleu
-from attnkit.models import build_model
 from attnkit.train import distributed
 from attnkit.train.checkpoint import (
-    average_checkpoints, load_weights, point, read_meta, read_trainer_state, resolve_checkpoint, write_checkpoint,
+    average_checkpoints,
+    load_weights,
+    point,
+    read_meta,
+    read_trainer_state,
+    resolve_checkpoint,
+    write_checkpoint,
 )
 from attnkit.train.loss import label_smoothed_nll
 from attnkit.train.schedule import learning_rate
+from attnkit.train.tasks import TranslationTask
 
 
 @dataclass
@@ -43,23 +46,19 @@ class Progress:
 
 
 class Trainer:
+    """Trains ``task``'s model (by default a TranslationTask built from ``cfg``) into ``run_dir``."""
+
     def __init__(self, cfg: ExperimentConfig, run_dir: str | Path, data_dir: str | None = None,
-                 train_pairs: Parallel | None = None, valid_pairs: Parallel | None = None):
+                 train_pairs: Parallel | None = None, valid_pairs: Parallel | None = None, task=None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.rank, self.world = distributed.setup()
-        train_pairs = train_pairs or load_split(cfg.data, "train", data_dir)
-        self.valid_pairs = valid_pairs or load_split(cfg.data, "valid", data_dir)
-        if self.rank == 0:  # one rank trains the tokenizer; the others load it
-            build_tokenizers(cfg.data, train_pairs, self.run_dir)
-        distributed.barrier(self.world)
-        self.toks: Tokenizers = build_tokenizers(cfg.data, train_pairs, self.run_dir)
-        self.train_data: Encoded = encode_pairs(self.toks, train_pairs, cfg.data.max_len)
-        self.valid_data: Encoded = encode_pairs(self.toks, self.valid_pairs)
+        self.task = task or TranslationTask(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world,
+                                            self.rank)
         torch.manual_seed(cfg.train.seed)
-        self.model = build_model(cfg.model, self.toks.src.vocab_size, self.toks.tgt.vocab_size)
+        self.model = self.task.build_model()
         self.forward_model = self.model
         if self.world > 1:
             torch.manual_seed(cfg.train.seed + 1000 * self.rank)  # same initial weights, different dropout
@@ -126,7 +125,7 @@ class Trainer:
         if self.rank != 0:
             return None
         meta = {"progress": vars(p), "scores": scores or {}}
-        path = write_checkpoint(self.ckpt_dir / name, self.model, self.cfg, self.toks, meta, tensors)
+        path = write_checkpoint(self.ckpt_dir / name, self.model, self.cfg, self.task.files, meta, tensors)
         point(self.ckpt_dir / "last", path)
         best = self.ckpt_dir / "best"
         for old in stale:
@@ -152,17 +151,11 @@ class Trainer:
     def validate(self) -> dict:
         self.model.eval()
         total, n = 0.0, 0
-        data = self.valid_data
-        for idx in token_batches([len(s) for s in data.src], [len(t) for t in data.tgt], self.cfg.train.max_tokens):
-            b = collate([data.src[i] for i in idx], [data.tgt[i] for i in idx], idx)
+        for idx in token_batches(*self.task.lengths("valid"), self.cfg.train.max_tokens):
+            b = self.task.batch("valid", idx)
             _, nll = label_smoothed_nll(self.model(b.src, b.tgt_in), b.tgt_out, 0.0)
             total, n = total + float(nll), n + b.n_tokens
-        scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50))}
-        if self.cfg.train.eval_bleu:
-            d = self.cfg.decode
-            out = translate(self.model, self.toks, self.valid_pairs.src, beam_size=self.cfg.train.eval_beam,
-                            len_penalty=d.len_penalty, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
-            scores["valid_bleu"] = bleu([t.text[0] for t in out], self.valid_pairs.tgt).score
+        scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50)), **self.task.scores(self.model)}
         self.model.train()
         return scores
 
@@ -180,7 +173,11 @@ class Trainer:
         better = self.rank == 0 and self.is_better(scores)
         path = self.save(scores)
         if better:
-            point(self.ckpt_dir / "best", path)
+            best = self.ckpt_dir / "best"
+            previous = best.resolve().name if best.is_symlink() else None
+            point(best, path)
+            if previous and previous not in self.progress.history:  # kept only because it was best
+                shutil.rmtree(self.ckpt_dir / previous, ignore_errors=True)
         distributed.barrier(self.world)
         return scores
 
@@ -189,8 +186,7 @@ class Trainer:
     def train(self) -> dict:
         t, p, model = self.cfg.train, self.progress, self.forward_model
         model.train()
-        data = self.train_data
-        src_lens, tgt_lens = [len(s) for s in data.src], [len(x) for x in data.tgt]
+        src_lens, tgt_lens = self.task.lengths("train")
         per_update = t.update_freq * self.world  # batches consumed by one optimizer step, over all ranks
         bar = tqdm(total=t.max_steps, initial=p.step, disable=not t.progress or self.rank != 0, file=sys.stderr,
                    dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 60.0, desc="train")
@@ -202,14 +198,15 @@ class Trainer:
                 break
             batches = token_batches(src_lens, tgt_lens, t.max_tokens, seed=t.seed, epoch=p.epoch)
             # every rank needs a batch for each step: an epoch's last, incomplete group is skipped
-            while p.batch_in_epoch + per_update <= len(batches) or (self.world == 1 and p.batch_in_epoch < len(batches)):
+            last = len(batches) if self.world == 1 else len(batches) - per_update + 1
+            while p.batch_in_epoch < last:
                 group = batches[p.batch_in_epoch: p.batch_in_epoch + per_update][self.rank::self.world]
                 lr = learning_rate(p.step + 1, t, self.cfg.model.d_model)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
                 n_tokens, loss_sum = 0, 0.0
                 for k, idx in enumerate(group):
-                    b = collate([data.src[i] for i in idx], [data.tgt[i] for i in idx], idx)
+                    b = self.task.batch("train", idx)
                     sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
                     with contextlib.nullcontext() if sync else model.no_sync():
                         loss, nll = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, t.label_smoothing)

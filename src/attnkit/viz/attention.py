@@ -7,12 +7,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # no screen needed
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 
 def plot_attention(weights, source: list[str], target: list[str], path: str | Path, title: str = "") -> Path:
-    """weights [len(target), len(source)]: row i is where output token i looked. Writes a PNG (or any matplotlib format)."""
+    """weights [len(target), len(source)]: row i is where output token i looked.
+
+    Writes a PNG (or any format matplotlib knows from the suffix) and returns its path.
+    """
     w = np.asarray(weights, dtype=float)
     if w.shape != (len(target), len(source)):
         raise ValueError(f"weights of shape {w.shape} do not match {len(target)} target x {len(source)} source labels")
