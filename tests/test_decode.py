@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from attnkit.decode import beam_search, filter_logits, greedy, max_lengths, sample, translate
 from attnkit.models import BOS, EOS, PAD
-from conftest import random_src, toy_trained_model
+from conftest import make_model, random_src, toy_trained_model
 
 VOCAB = 23
 LENGTHS = [6, 3, 5, 1]
@@ -85,6 +85,20 @@ def test_cached_steps_equal_full_forward(model, src):
         assert torch.allclose(attn.sum(-1), torch.ones(src.size(0)), atol=1e-5)
         assert torch.all(attn[src.eq(PAD)] == 0)
     assert state.caches[0].keys.shape[2] == tgt_in.size(1)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("variant", [{"norm_first": True}, {"positional": "learned"},
+                                     {"share_embeddings": False, "activation": "gelu"}])
+def test_cached_steps_equal_full_forward_variants(src, variant):
+    """Pre-LN, learned positions and untied embeddings keep the cache exact too."""
+    m = make_model(VOCAB, **variant).eval()
+    tgt_in = torch.cat([torch.full((src.size(0), 1), BOS), random_src([5] * src.size(0), VOCAB, seed=9)], 1)
+    full = F.log_softmax(m(src, tgt_in), -1)
+    state = _init(m, src)
+    for t in range(tgt_in.size(1)):
+        log_probs, state, _ = m.step(tgt_in[:, t], state)
+        assert (log_probs - full[:, t]).abs().max() <= 1e-5, t
 
 
 @torch.no_grad()

@@ -243,3 +243,35 @@ def test_average_of_two_checkpoints_is_the_mean(tmp_path, trained_checkpoint):
     assert load_tokenizers(out).src.vocab_size == toks.src.vocab_size
     with pytest.raises(AttnkitError):
         average_checkpoints([], tmp_path / "none")
+
+
+def test_separate_vocabularies_train_save_and_translate(tmp_path):
+    from attnkit.decode import translate
+    from attnkit.train import Trainer, load_checkpoint
+
+    cfg = tiny_experiment(max_steps=3, save_every=3)
+    cfg.data = dataclasses.replace(cfg.data, joint_vocab=False, vocab_size=80)
+    cfg.model = dataclasses.replace(cfg.model, share_embeddings=False)
+    Trainer(cfg, tmp_path / "run", train_pairs=generate_dates(80), valid_pairs=generate_dates(5, 1)).train()
+    ckpt = tmp_path / "run" / "checkpoints" / "last"
+    assert {"spm.src.model", "spm.tgt.model"} <= {p.name for p in ckpt.iterdir()}
+    model, _, toks, _ = load_checkpoint(ckpt)
+    assert not toks.joint and toks.src.path != toks.tgt.path
+    assert model.src_embed.tokens.weight is not model.tgt_embed.tokens.weight
+    assert model.output.weight is model.tgt_embed.tokens.weight  # the decoder's own tie stays
+    [t] = translate(model, toks, ["3 May 1999"], beam_size=2, max_len_b=12)
+    assert isinstance(t.text[0], str)
+
+
+def test_too_small_vocabulary_is_a_clear_error(tmp_path):
+    from attnkit.data import train_tokenizer
+
+    with pytest.raises(AttnkitError, match="vocab_size=8.*smaller than required_chars"):
+        train_tokenizer(generate_dates(50).src, tmp_path / "spm.model", vocab_size=8)
+
+
+def test_shared_embeddings_need_a_joint_vocabulary():
+    from attnkit.config import config_from_dict
+
+    with pytest.raises(AttnkitError, match="joint_vocab"):
+        config_from_dict({"model": {"share_embeddings": True}, "data": {"joint_vocab": False}})

@@ -50,12 +50,16 @@ def train_tokenizer(texts: Iterable[str], path: str | Path, vocab_size: int, mod
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, model_type=model_type,
-        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, character_coverage=1.0,
-        hard_vocab_limit=False,  # a small corpus may hold fewer pieces than asked for
-        input_sentence_size=2_000_000, shuffle_input_sentence=True, num_threads=2, minloglevel=2,
-    )
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, model_type=model_type,
+            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, character_coverage=1.0,
+            hard_vocab_limit=False,  # a small corpus may hold fewer pieces than asked for
+            input_sentence_size=2_000_000, shuffle_input_sentence=True, num_threads=2, minloglevel=2,
+        )
+    except RuntimeError as e:  # e.g. a vocabulary smaller than the corpus's character set
+        detail = str(e).split("] ")[-1].strip()
+        raise AttnkitError(f"{path}: cannot train SentencePiece (vocab_size={vocab_size}): {detail}") from None
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(buf.getvalue())
     tmp.replace(path)
