@@ -10,6 +10,7 @@ import torch
 from attnkit.models import PAD
 from attnkit.nn import (
     AdditiveScore,
+    DotScore,
     GeneralScore,
     KVCache,
     MultiHeadAttention,
@@ -274,10 +275,8 @@ def _hand_score(kind, score, q, k):
 @pytest.mark.parametrize("kind", ["dot", "scaled_dot", "general", "additive"])
 def test_attend_with_each_score(kind):
     score = _scores(kind)
-    if kind in ("dot", "scaled_dot"):
-        assert score is {"dot": dot_score, "scaled_dot": scaled_dot_score}[kind]
-    else:
-        assert isinstance(score, {"general": GeneralScore, "additive": AdditiveScore}[kind])
+    assert isinstance(score, {"dot": DotScore, "scaled_dot": DotScore, "general": GeneralScore,
+                              "additive": AdditiveScore}[kind])
     q, k, v, mask = _attend_inputs()
     with torch.no_grad():
         out, w = attend(q, k, v, mask, score=score)
@@ -293,15 +292,23 @@ def test_attend_with_each_score(kind):
     assert torch.allclose(out, out_hand, atol=1e-5)
 
 
-def test_additive_score_precompute_and_shapes():
-    score = _scores("additive")
+@pytest.mark.parametrize("kind", ["dot", "scaled_dot", "general", "additive"])
+def test_score_precompute_and_shapes(kind):
+    """The key-only part computed once per source (as a decoder does) changes nothing."""
+    score = _scores(kind)
     q, k, _, _ = _attend_inputs()
     with torch.no_grad():
         direct = score(q, k)
-        cached = score(q, k, projected_keys=score.precompute(k))
+        cached = score(q, k, projected=score.precompute(k))
     assert direct.shape == (2, 3, 5)
     assert torch.equal(direct, cached)
-    assert torch.allclose(direct, _hand_score("additive", score, q, k), atol=1e-5)
+    assert torch.allclose(direct, _hand_score(kind, score, q, k), atol=1e-5)
+
+
+def test_function_scores_equal_their_modules():
+    q, k, _, _ = _attend_inputs()
+    assert torch.equal(dot_score(q, k), make_score("dot", 6, 6)(q, k))
+    assert torch.equal(scaled_dot_score(q, k), make_score("scaled_dot", 6, 6)(q, k))
 
 
 def test_make_score_rejects_unknown():

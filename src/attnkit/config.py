@@ -35,6 +35,10 @@ class ModelConfig:
     positional: str = "sinusoidal"  # or "learned"
     max_positions: int = 1024
     share_embeddings: bool = True  # source/target embeddings and output projection tied (needs a joint vocabulary)
+    # captioners: image features come as a grid of d_feature-channel cells
+    d_feature: int = 1280
+    attention_score: str = "additive"  # show_attend_tell: additive (Bahdanau), general, dot, scaled_dot
+    attention_penalty: float = 1.0  # show_attend_tell: lambda of the doubly stochastic regulariser
 
 
 @dataclass
@@ -207,7 +211,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
 
 
 _CHOICES = {
-    ("model", "family"): ("transformer",),
+    ("model", "family"): ("transformer", "show_attend_tell", "transformer_captioner"),
+    ("model", "attention_score"): ("additive", "general", "dot", "scaled_dot"),
     ("model", "activation"): ("relu", "gelu"),
     ("model", "positional"): ("sinusoidal", "learned"),
     ("data", "format"): ("multi30k", "tatoeba", "parallel", "dates"),

@@ -2,9 +2,11 @@
 
 from attnkit.nn.attention import (
     AdditiveScore,
+    DotScore,
     GeneralScore,
     KVCache,
     MultiHeadAttention,
+    Score,
     attend,
     causal_mask,
     dot_score,
@@ -32,7 +34,7 @@ from attnkit.nn.vision import (
 
 __all__ = [
     "IMAGE_SIZE",
-    "AdditiveScore",
+    "AdditiveScore", "DotScore", "Score",
     "DecoderLayer",
     "EfficientNetLite0",
     "EncoderLayer",

@@ -34,22 +34,43 @@ def scaled_dot_score(queries: Tensor, keys: Tensor) -> Tensor:
     return queries @ keys.transpose(-1, -2) / math.sqrt(keys.size(-1))
 
 
-class GeneralScore(nn.Module):
+class Score(nn.Module):
+    """A similarity function as a module. ``precompute(keys)`` is the part that depends on the keys
+    only, so a decoder computes it once per source and passes it back as ``projected``."""
+
+    def precompute(self, keys: Tensor) -> Tensor:
+        return keys
+
+    def forward(self, queries: Tensor, keys: Tensor, projected: Tensor | None = None) -> Tensor:
+        raise NotImplementedError
+
+
+class DotScore(Score):
+    def __init__(self, scaled: bool = False):
+        super().__init__()
+        self.scaled = scaled
+
+    def forward(self, queries: Tensor, keys: Tensor, projected: Tensor | None = None) -> Tensor:
+        return (scaled_dot_score if self.scaled else dot_score)(queries, keys)
+
+
+class GeneralScore(Score):
     """Bilinear ``q^T W k`` (Luong "general")."""
 
     def __init__(self, d_query: int, d_key: int):
         super().__init__()
         self.weight = nn.Linear(d_key, d_query, bias=False)
 
-    def forward(self, queries: Tensor, keys: Tensor) -> Tensor:
-        return queries @ self.weight(keys).transpose(-1, -2)
+    def precompute(self, keys: Tensor) -> Tensor:
+        return self.weight(keys)
+
+    def forward(self, queries: Tensor, keys: Tensor, projected: Tensor | None = None) -> Tensor:
+        wk = self.weight(keys) if projected is None else projected
+        return queries @ wk.transpose(-1, -2)
 
 
-class AdditiveScore(nn.Module):
-    """Bahdanau's MLP ``v^T tanh(W q + U k)``: one tanh hidden layer of size ``d_hidden``.
-
-    ``precompute(keys)`` returns ``U k`` so a decoder computes it once per source sentence.
-    """
+class AdditiveScore(Score):
+    """Bahdanau's MLP ``v^T tanh(W q + U k)``: one tanh hidden layer of size ``d_hidden``."""
 
     def __init__(self, d_query: int, d_key: int, d_hidden: int):
         super().__init__()
@@ -60,18 +81,18 @@ class AdditiveScore(nn.Module):
     def precompute(self, keys: Tensor) -> Tensor:
         return self.key_proj(keys)
 
-    def forward(self, queries: Tensor, keys: Tensor, projected_keys: Tensor | None = None) -> Tensor:
-        uk = self.key_proj(keys) if projected_keys is None else projected_keys  # [B, S, h]
+    def forward(self, queries: Tensor, keys: Tensor, projected: Tensor | None = None) -> Tensor:
+        uk = self.key_proj(keys) if projected is None else projected  # [B, S, h]
         wq = self.query_proj(queries)  # [B, T, h]
         return self.v(torch.tanh(wq.unsqueeze(2) + uk.unsqueeze(1))).squeeze(-1)
 
 
-def make_score(kind: str, d_query: int, d_key: int, d_hidden: int | None = None):
+def make_score(kind: str, d_query: int, d_key: int, d_hidden: int | None = None) -> Score:
     """Build a similarity function by name: dot | scaled_dot | general | additive."""
-    if kind == "dot":
-        return dot_score
-    if kind == "scaled_dot":
-        return scaled_dot_score
+    if kind in ("dot", "scaled_dot"):
+        if d_query != d_key:
+            raise ValueError(f"{kind} attention needs queries and keys of one size, got {d_query} and {d_key}")
+        return DotScore(scaled=kind == "scaled_dot")
     if kind == "general":
         return GeneralScore(d_query, d_key)
     if kind == "additive":
