@@ -61,6 +61,10 @@ class DataConfig:
     spm_model_type: str = "unigram"  # unigram | bpe | char
     max_len: int = 128  # longer training pairs (in subwords) are dropped
     n_synthetic: int = 20000  # format = "dates": generated pairs
+    # format = "flickr8k" (captioning)
+    image_grid: str = "head"  # EfficientNet-Lite0 grid: "head" (7x7x1280) or "stage6" (14x14x112), ...
+    feature_cache: str = "runs/features"  # CNN grids are computed once per image and encoder, kept here
+    min_word_count: int = 5  # rarer caption words become <unk>
 
 
 @dataclass
@@ -99,6 +103,7 @@ class DecodeConfig:
     len_penalty: float = 1.0
     max_len_a: float = 1.2
     max_len_b: int = 10
+    max_caption_len: int = 30  # captioners: the longest caption generated
     batch_size: int = 64
 
 
@@ -215,7 +220,7 @@ _CHOICES = {
     ("model", "attention_score"): ("additive", "general", "dot", "scaled_dot"),
     ("model", "activation"): ("relu", "gelu"),
     ("model", "positional"): ("sinusoidal", "learned"),
-    ("data", "format"): ("multi30k", "tatoeba", "parallel", "dates"),
+    ("data", "format"): ("multi30k", "tatoeba", "parallel", "dates", "flickr8k"),
     ("data", "spm_model_type"): ("unigram", "bpe", "char"),
     ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "constant"),
     ("train", "best_metric"): ("bleu", "loss"),

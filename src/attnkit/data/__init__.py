@@ -23,6 +23,7 @@ from attnkit.data.images import (
 )
 from attnkit.data.prepare import Encoded, Tokenizers, build_tokenizers, encode_pairs, load_split, load_tokenizers
 from attnkit.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_tokenizer
+from attnkit.data.vocab import WordVocab, words
 
 __all__ = [
     "BOS",
@@ -55,6 +56,6 @@ __all__ = [
     "read_tatoeba",
     "resolve_data_dir",
     "token_batches",
-    "train_tokenizer",
+    "train_tokenizer", "WordVocab", "words",
     "write_lines",
 ]

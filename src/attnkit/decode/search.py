@@ -165,3 +165,14 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
             attn_history = step_attn if attn_history is None else torch.cat([attn_history[rows], step_attn], 1)
         scores = torch.tensor(next_scores).view(len(live), k)
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
+
+
+def generate(model, src, max_lens: Tensor, beam_size: int = 1, len_penalty: float = 1.0, n_best: int = 1,
+             need_weights: bool = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+    """Encode ``src`` once, then search: beam search when ``beam_size > 1``, else greedy (``temperature == 0``)
+    or sampling. Returns the n-best list of every batch row."""
+    state = model.init_state(model.encode(src))
+    if beam_size > 1 and temperature == 0:
+        return beam_search(model, state, max_lens, beam_size, len_penalty, n_best, need_weights)
+    return [[h] for h in sample(model, state, max_lens, temperature, top_k, top_p, generator, need_weights)]

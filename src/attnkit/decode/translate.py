@@ -8,7 +8,7 @@ import torch
 
 from attnkit.data import Tokenizers, pad, token_batches
 from attnkit.data.tokenizer import EOS
-from attnkit.decode.search import Hypothesis, beam_search, max_lengths, sample
+from attnkit.decode.search import Hypothesis, generate, max_lengths
 
 
 @dataclass
@@ -32,13 +32,9 @@ def translate(model, toks: Tokenizers, sentences: list[str], beam_size: int = 5,
     results: list[Translation | None] = [None] * len(sentences)
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     for batch in token_batches([len(s) - 1 for s in ids], [0] * len(ids), batch_tokens):
-        src = pad([ids[i] for i in batch])
-        state = model.init_state(model.encode(src))
         lens = max_lengths(torch.tensor([len(ids[i]) - 1 for i in batch]), max_len_a, max_len_b)
-        if beam_size > 1 and temperature == 0:
-            nbest = beam_search(model, state, lens, beam_size, len_penalty, n_best, need_weights)
-        else:
-            nbest = [[h] for h in sample(model, state, lens, temperature, top_k, top_p, generator, need_weights)]
+        nbest = generate(model, pad([ids[i] for i in batch]), lens, beam_size, len_penalty, n_best, need_weights,
+                         temperature, top_k, top_p, generator)
         for i, hyps in zip(batch, nbest):
             results[i] = Translation(sentences[i], hyps, [toks.tgt.decode(h.tokens) for h in hyps])
     return results

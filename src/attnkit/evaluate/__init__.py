@@ -1,5 +1,5 @@
 """Evaluation: sacreBLEU, chrF and BLEU by source length."""
 
-from attnkit.evaluate.metrics import Score, bleu, bleu_by_length, chrf
+from attnkit.evaluate.metrics import Score, bleu, bleu_by_length, caption_bleu, chrf
 
-__all__ = ["Score", "bleu", "bleu_by_length", "chrf"]
+__all__ = ["Score", "bleu", "bleu_by_length", "caption_bleu", "chrf"]

@@ -47,3 +47,22 @@ def bleu_by_length(sources: list[str], hypotheses: list[str], references: list[s
             rows.append({"min_len": lo, "max_len": None if hi == 10**9 else hi - 1, "n": len(idx),
                          "bleu": b.score})
     return rows
+
+
+def caption_bleu(hypotheses: list[str], references: list[list[str]]) -> dict[str, float]:
+    """Corpus BLEU-1..4 (0-100) of captions against all references of each image.
+
+    Text is compared as given (already lowercased words, as ``attnkit.data.words`` makes it):
+    sacreBLEU with ``tokenize="none"``, uniform n-gram weights up to n, no smoothing, and the
+    closest reference length for the brevity penalty, as coco-caption computes it.
+    references: one list per image (all of equal length; Flickr8k has 5).
+    """
+    n_refs = {len(r) for r in references}
+    if len(n_refs) != 1:
+        raise ValueError(f"every image needs the same number of references, got {sorted(n_refs)}")
+    streams = [list(s) for s in zip(*references)]
+    scores = {}
+    for n in range(1, 5):
+        metric = sacrebleu.metrics.BLEU(tokenize="none", max_ngram_order=n, smooth_method="none")
+        scores[f"bleu{n}"] = metric.corpus_score(hypotheses, streams).score
+    return scores

@@ -26,9 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from attnkit.config import ExperimentConfig, dump_toml, load_config
-from attnkit.data import load_tokenizers
 from attnkit.errors import AttnkitError
-from attnkit.models import build_model
 
 
 def write_checkpoint(path: Path, model, cfg: ExperimentConfig, files: list[Path], meta: dict,
@@ -109,11 +107,12 @@ def load_weights(model, file: Path) -> None:
 
 
 def load_checkpoint(path: str | Path):
-    """-> (model in eval mode, config, tokenizers, checkpoint dir)."""
+    """-> (model in eval mode, config, tokenizers (or a captioner's vocabulary), checkpoint dir)."""
+    from attnkit.train.tasks import task_class
+
     path = resolve_checkpoint(path)
     cfg = load_config(path / "config.toml")
-    toks = load_tokenizers(path)
-    model = build_model(cfg.model, toks.src.vocab_size, toks.tgt.vocab_size)
+    model, toks = task_class(cfg).restore(cfg, path)
     load_weights(model, path / "model.safetensors")
     model.eval()
     return model, cfg, toks, path
@@ -144,4 +143,6 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
         for k, v in params.items():
             v.copy_(total[k] / len(paths))
     meta = {**read_meta(resolve_checkpoint(paths[-1])), "averaged": [str(p) for p in paths]}
-    return write_checkpoint(out, model, cfg, sorted({toks.src.path, toks.tgt.path}), meta)
+    files = [f for f in resolve_checkpoint(paths[-1]).iterdir()
+             if f.name not in ("model.safetensors", "trainer.safetensors", "meta.json", "config.toml")]
+    return write_checkpoint(out, model, cfg, files, meta)

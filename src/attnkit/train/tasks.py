@@ -1,8 +1,9 @@
 """What the training loop trains on. A task owns the data, its batching and its task-specific scores.
 
 The Trainer only needs, from a task: ``build_model()``, ``lengths(split)`` for bucketing,
-``batch(split, indices)`` -> :class:`attnkit.data.Batch`, ``scores(model)`` for validation
-beyond the loss (BLEU, ...), and ``files`` to copy into every checkpoint (tokenizers).
+``batch(split, indices)`` -> :class:`attnkit.data.Batch`, ``loss(model, batch, label_smoothing)``,
+``scores(model)`` for validation beyond the loss (BLEU, ...), and ``files`` to copy into every
+checkpoint (tokenizers, vocabularies).
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnkit.config import ExperimentConfig
-from attnkit.data import Batch, Parallel, build_tokenizers, collate, encode_pairs, load_split
+from attnkit.data import Batch, Parallel, build_tokenizers, collate, encode_pairs, load_split, load_tokenizers, words
 from attnkit.decode import translate
 from attnkit.errors import AttnkitError
 from attnkit.evaluate import bleu
 from attnkit.models import build_model
 from attnkit.train import distributed
+from attnkit.train.loss import label_smoothed_nll
 
 
 class TranslationTask:
@@ -40,6 +42,12 @@ class TranslationTask:
     def files(self) -> list[Path]:
         return sorted({self.toks.src.path, self.toks.tgt.path})
 
+    @staticmethod
+    def restore(cfg: ExperimentConfig, directory: Path):
+        """-> (model, tokenizers) from a checkpoint directory's files (the weights are loaded by the caller)."""
+        toks = load_tokenizers(directory)
+        return build_model(cfg.model, toks.src.vocab_size, toks.tgt.vocab_size), toks
+
     def build_model(self):
         return build_model(self.cfg.model, self.toks.src.vocab_size, self.toks.tgt.vocab_size)
 
@@ -51,6 +59,10 @@ class TranslationTask:
         d = self.data[split]
         return collate([d.src[i] for i in indices], [d.tgt[i] for i in indices], indices)
 
+    def loss(self, model, b: Batch, label_smoothing: float):
+        """-> (training loss summed over target tokens, plain NLL sum)."""
+        return label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, label_smoothing)
+
     def scores(self, model) -> dict:
         t, d = self.cfg.train, self.cfg.decode
         if not t.eval_bleu:
@@ -58,3 +70,111 @@ class TranslationTask:
         out = translate(model, self.toks, self.valid_pairs.src, beam_size=t.eval_beam, len_penalty=d.len_penalty,
                         max_len_a=d.max_len_a, max_len_b=d.max_len_b)
         return {"valid_bleu": bleu([x.text[0] for x in out], self.valid_pairs.tgt).score}
+
+
+class CaptionTask:
+    """Flickr8k: each training example is (image, one of its captions); the source is the image's CNN grid.
+
+    The grids are extracted once into ``data.feature_cache`` and held in memory as float16.
+    Validation adds caption BLEU-1..4 of beam-searched captions against all references.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None, world: int = 1,
+                 rank: int = 0):
+        from attnkit.data import WordVocab, read_flickr8k
+
+        self.cfg = cfg
+        self.splits = {"train": read_flickr8k(data_dir or cfg.data.data_dir or None, "train"),
+                       "valid": read_flickr8k(data_dir or cfg.data.data_dir or None, "dev")}
+        vocab_path = Path(run_dir) / "vocab.txt"
+        if rank == 0 and not vocab_path.exists():  # built from training captions only
+            WordVocab.build([c for caps in self.splits["train"].captions for c in caps], vocab_path,
+                            cfg.data.min_word_count)
+        distributed.barrier(world)
+        self.vocab = WordVocab(vocab_path)
+        self.grids = {split: self._grids(c.images, rank, world) for split, c in self.splits.items()}
+        self.examples = {}  # split -> (image index per example, caption ids per example)
+        for split, c in self.splits.items():
+            image, ids = [], []
+            for i, caps in enumerate(c.captions):
+                for tokens in self.vocab.encode(caps):
+                    image.append(i)
+                    ids.append(tokens[: cfg.decode.max_caption_len])
+            self.examples[split] = (image, ids)
+
+    def _grids(self, images: list[Path], rank: int, world: int):
+        """[N, L, C] float16 grids of these images, extracted on first use (by rank 0)."""
+        from attnkit.data import extract_features
+        from attnkit.nn.vision import load_pretrained
+
+        if rank == 0:
+            cache = extract_features(load_pretrained(self.cfg.data.image_grid), images, self.cfg.data.feature_cache)
+        distributed.barrier(world)
+        if rank != 0:
+            cache = extract_features(load_pretrained(self.cfg.data.image_grid), images, self.cfg.data.feature_cache)
+        grids = cache.load([p.name for p in images])  # [N, C, h, w]
+        return grids.flatten(2).transpose(1, 2).contiguous()
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.vocab.path]
+
+    @staticmethod
+    def restore(cfg: ExperimentConfig, directory: Path):
+        from attnkit.data import WordVocab
+        from attnkit.nn.vision import grid_shape
+
+        vocab = WordVocab(Path(directory) / "vocab.txt")
+        _, h, w = grid_shape(cfg.data.image_grid)
+        return build_model(cfg.model, h * w, vocab.vocab_size), vocab
+
+    @property
+    def n_cells(self) -> int:
+        return self.grids["train"].size(1)
+
+    def build_model(self):
+        return build_model(self.cfg.model, self.n_cells, self.vocab.vocab_size)
+
+    def lengths(self, split: str) -> tuple[list[int], list[int]]:
+        _, ids = self.examples[split]
+        return [0] * len(ids), [len(t) for t in ids]  # the grid has a fixed size: bucket by caption length
+
+    def batch(self, split: str, indices: list[int]) -> Batch:
+        image, ids = self.examples[split]
+        b = collate([[] for _ in indices], [ids[i] for i in indices], indices)
+        b.src = self.grids[split][[image[i] for i in indices]].float()
+        return b
+
+    def loss(self, model, b: Batch, label_smoothing: float):
+        logits, alphas = model(b.src, b.tgt_in)
+        loss, nll = label_smoothed_nll(logits, b.tgt_out, label_smoothing)
+        if alphas is not None and self.cfg.model.attention_penalty > 0:
+            # doubly stochastic attention (Xu et al. eq. 14): every cell gets about one word's worth of attention
+            real = b.tgt_out.ne(0).unsqueeze(-1)
+            coverage = (alphas * real).sum(1)  # [B, L]
+            loss = loss + self.cfg.model.attention_penalty * ((1.0 - coverage) ** 2).sum()
+        return loss, nll
+
+    def scores(self, model) -> dict:
+        from attnkit.decode import caption
+        from attnkit.evaluate import caption_bleu
+
+        if not self.cfg.train.eval_bleu:
+            return {}
+        d = self.cfg.decode
+        out = caption(model, self.vocab, self.grids["valid"], beam_size=self.cfg.train.eval_beam,
+                      len_penalty=d.len_penalty, max_len=d.max_caption_len)
+        refs = [[" ".join(words(c)) for c in caps] for caps in self.splits["valid"].captions]
+        scores = caption_bleu([c.text[0] for c in out], refs)
+        return {f"valid_{k}": v for k, v in scores.items()} | {"valid_bleu": scores["bleu4"]}
+
+
+def task_class(cfg: ExperimentConfig):
+    return CaptionTask if cfg.data.format == "flickr8k" else TranslationTask
+
+
+def make_task(cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None,
+              train_pairs: Parallel | None = None, valid_pairs: Parallel | None = None, world: int = 1, rank: int = 0):
+    if task_class(cfg) is CaptionTask:
+        return CaptionTask(cfg, run_dir, data_dir, world, rank)
+    return TranslationTask(cfg, run_dir, data_dir, train_pairs, valid_pairs, world, rank)

@@ -27,9 +27,8 @@ from attnkit.train.checkpoint import (
     resolve_checkpoint,
     write_checkpoint,
 )
-from attnkit.train.loss import label_smoothed_nll
 from attnkit.train.schedule import learning_rate
-from attnkit.train.tasks import TranslationTask
+from attnkit.train.tasks import make_task
 
 
 @dataclass
@@ -55,8 +54,7 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.rank, self.world = distributed.setup()
-        self.task = task or TranslationTask(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world,
-                                            self.rank)
+        self.task = task or make_task(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world, self.rank)
         torch.manual_seed(cfg.train.seed)
         self.model = self.task.build_model()
         self.forward_model = self.model
@@ -153,7 +151,7 @@ class Trainer:
         total, n = 0.0, 0
         for idx in token_batches(*self.task.lengths("valid"), self.cfg.train.max_tokens):
             b = self.task.batch("valid", idx)
-            _, nll = label_smoothed_nll(self.model(b.src, b.tgt_in), b.tgt_out, 0.0)
+            _, nll = self.task.loss(self.model, b, 0.0)
             total, n = total + float(nll), n + b.n_tokens
         scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50)), **self.task.scores(self.model)}
         self.model.train()
@@ -209,7 +207,7 @@ class Trainer:
                     b = self.task.batch("train", idx)
                     sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
                     with contextlib.nullcontext() if sync else model.no_sync():
-                        loss, nll = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, t.label_smoothing)
+                        loss, nll = self.task.loss(model, b, t.label_smoothing)
                         loss.backward()
                     n_tokens += b.n_tokens
                     loss_sum += float(nll)
