@@ -1,4 +1,4 @@
-"""The command line: ``attnkit train | translate | evaluate | average | demo``.
+"""The command line: ``attnkit train | translate | evaluate | caption | average | demo``.
 
 Every user error (bad config key, misaligned files, broken checkpoint) ends as one line
 on stderr and exit status 2.
@@ -100,6 +100,37 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_caption(args) -> int:
+    import torch
+
+    from attnkit.data import load_image
+    from attnkit.decode import caption
+    from attnkit.nn.vision import grid_shape, load_pretrained, normalize
+    from attnkit.train import load_checkpoint
+    from attnkit.viz import plot_caption_attention
+
+    model, cfg, vocab, _ = load_checkpoint(args.checkpoint)
+    if cfg.data.format != "flickr8k":
+        raise AttnkitError(f"{args.checkpoint}: not a captioning checkpoint (data.format = {cfg.data.format!r})")
+    encoder = load_pretrained(cfg.data.image_grid).eval()
+    _, h, w = grid_shape(cfg.data.image_grid)
+    images = [load_image(p) for p in args.images]
+    with torch.no_grad():
+        grids = encoder.forward_features(normalize(torch.stack(images))).flatten(2).transpose(1, 2)
+    results = caption(model, vocab, grids, beam_size=args.beam or cfg.decode.beam_size,
+                      len_penalty=cfg.decode.len_penalty, max_len=cfg.decode.max_caption_len, need_weights=True)
+    for path, image, c in zip(args.images, images, results):
+        print(f"{path}\t{c.text[0]}")
+        if args.show_attention:
+            hyp = c.hypotheses[0]
+            words = vocab.id_to_piece(hyp.tokens) + ["<end>"]
+            out = Path(args.show_attention) / f"{Path(path).stem}.attention.png"
+            attention = hyp.attention if hyp.attention is not None else torch.zeros(len(words), h * w)
+            plot_caption_attention(image, words, attention, (h, w), out)
+            print(f"  attention: {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_average(args) -> int:
     from attnkit.train import average_checkpoints
 
@@ -142,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the scores here")
     _add_decode_args(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("caption", help="caption images with a Show-Attend-Tell or Transformer captioner")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("images", nargs="+")
+    p.add_argument("--beam", type=int, default=None)
+    p.add_argument("--show-attention", metavar="DIR", help="write one figure per image: attention for each word")
+    p.set_defaults(func=cmd_caption)
 
     p = sub.add_parser("average", help="average the weights of checkpoints")
     p.add_argument("checkpoints", nargs="+")

@@ -84,8 +84,13 @@ class CaptionTask:
         from attnkit.data import WordVocab, read_flickr8k
 
         self.cfg = cfg
-        self.splits = {"train": read_flickr8k(data_dir or cfg.data.data_dir or None, "train"),
-                       "valid": read_flickr8k(data_dir or cfg.data.data_dir or None, "dev")}
+        self.splits = {}
+        for split, name, limit in (("train", "train", cfg.data.max_train_pairs),
+                                   ("valid", "dev", cfg.data.max_valid_pairs)):
+            c = read_flickr8k(data_dir or cfg.data.data_dir or None, name)
+            if limit:  # a slice of the images, for quick runs
+                c = type(c)(c.images[:limit], c.captions[:limit], c.origin)
+            self.splits[split] = c
         vocab_path = Path(run_dir) / "vocab.txt"
         if rank == 0 and not vocab_path.exists():  # built from training captions only
             WordVocab.build([c for caps in self.splits["train"].captions for c in caps], vocab_path,

@@ -1,5 +1,5 @@
-"""Pictures: attention heatmaps."""
+"""Pictures: attention heatmaps, attention over image regions."""
 
-from attnkit.viz.attention import plot_attention
+from attnkit.viz.attention import plot_attention, plot_caption_attention
 
-__all__ = ["plot_attention"]
+__all__ = ["plot_attention", "plot_caption_attention"]

@@ -33,3 +33,41 @@ def plot_attention(weights, source: list[str], target: list[str], path: str | Pa
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_caption_attention(image, words: list[str], alphas, grid: tuple[int, int], path: str | Path,
+                           columns: int = 5) -> Path:
+    """Xu et al.'s figure: the image once, then one panel per word with its attention lit up.
+
+    image [3, H, W] uint8 (or [H, W, 3]); alphas [len(words), h * w], row t over the grid cells;
+    grid (h, w). The map is upsampled smoothly to the image size, as in the paper.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    img = np.asarray(image)
+    if img.shape[0] == 3:
+        img = img.transpose(1, 2, 0)
+    a = torch.as_tensor(np.asarray(alphas, dtype=np.float32))
+    if a.shape != (len(words), grid[0] * grid[1]):
+        raise ValueError(f"alphas of shape {tuple(a.shape)} do not match {len(words)} words x {grid} grid")
+    maps = F.interpolate(a.view(len(words), 1, *grid), size=img.shape[:2], mode="bicubic", align_corners=False)
+    maps = maps[:, 0].clamp(min=0).numpy()
+    panels = len(words) + 1
+    rows = -(-panels // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(2.2 * columns, 2.4 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    axes.flat[0].imshow(img)
+    axes.flat[0].set_title("image", fontsize=9)
+    for t, (word, m) in enumerate(zip(words, maps), 1):
+        ax = axes.flat[t]
+        ax.imshow(img)
+        ax.imshow(m / max(m.max(), 1e-9), cmap="gray", alpha=0.6, vmin=0, vmax=1)
+        ax.set_title(word, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
