@@ -275,3 +275,37 @@ def test_shared_embeddings_need_a_joint_vocabulary():
 
     with pytest.raises(AttnkitError, match="joint_vocab"):
         config_from_dict({"model": {"share_embeddings": True}, "data": {"joint_vocab": False}})
+
+
+def test_gradient_accumulation_equals_one_update_on_the_union(tmp_path):
+    """update_freq=2 over two batches gives the gradient of one batch holding both (a per-token mean)."""
+    pairs, valid = generate_dates(200, seed=0), generate_dates(5, seed=1)
+    cfg = tiny_experiment(max_steps=1, max_tokens=200, update_freq=2, clip_norm=0.0)
+    cfg.model = dataclasses.replace(cfg.model, dropout=0.0)
+    t = Trainer(cfg, tmp_path / "run", train_pairs=pairs, valid_pairs=valid)
+    before = _weights(t.model)
+    seen = {}
+    step = t.optimizer.step
+
+    def record_then_step(*args, **kwargs):
+        seen.update({n: p.grad.clone() for n, p in t.model.named_parameters()})
+        return step(*args, **kwargs)
+
+    t.optimizer.step = record_then_step
+    t.train()
+    assert t.progress.step == 1 and t.progress.batch_in_epoch == 2
+
+    # by hand: the same initial weights, one batch made of both micro-batches' examples
+    ref = t.task.build_model()
+    ref.load_state_dict(before)
+    first_two = token_batches(*t.task.lengths("train"), 200, seed=cfg.train.seed, epoch=0)[:2]
+    b = t.task.batch("train", first_two[0] + first_two[1])
+    loss, _ = t.task.loss(ref, b, cfg.train.label_smoothing)
+    (loss / b.n_tokens).backward()
+    for n, p in ref.named_parameters():
+        assert torch.allclose(p.grad, seen[n], atol=1e-6, rtol=1e-4), n
+    one_batch = t.task.batch("train", first_two[0])  # and it is not just the first micro-batch's gradient
+    ref.zero_grad()
+    loss, _ = t.task.loss(ref, one_batch, cfg.train.label_smoothing)
+    (loss / one_batch.n_tokens).backward()
+    assert not torch.allclose(ref.src_embed.tokens.weight.grad, seen["src_embed.tokens.weight"], atol=1e-6, rtol=1e-4)
