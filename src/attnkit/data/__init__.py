@@ -1,4 +1,5 @@
-"""Tokenizers, corpus readers with validation, length-bucketed batching, Flickr8k images and their grids."""
+"""Tokenizers, corpus readers with validation, length-bucketed batching, Flickr8k images and their grids,
+language-model text streams."""
 
 from attnkit.data.batching import Batch, collate, pad, token_batches
 from attnkit.data.corpus import (
@@ -22,8 +23,10 @@ from attnkit.data.images import (
     read_flickr8k_tokens,
 )
 from attnkit.data.prepare import Encoded, Tokenizers, build_tokenizers, encode_pairs, load_split, load_tokenizers
+from attnkit.data.text import CharTokenizer, block_batch, read_tinyshakespeare, read_wikitext2, stream_blocks
 from attnkit.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_tokenizer
 from attnkit.data.vocab import WordVocab, words
+from attnkit.data.wordpiece import WordPiece
 
 __all__ = [
     "BOS",
@@ -32,11 +35,13 @@ __all__ = [
     "UNK",
     "Batch",
     "Captions",
+    "CharTokenizer",
     "Encoded",
     "FeatureCache",
     "Parallel",
     "Tokenizer",
     "Tokenizers",
+    "block_batch",
     "build_tokenizers",
     "collate",
     "encode_pairs",
@@ -54,8 +59,11 @@ __all__ = [
     "read_multi30k",
     "read_parallel",
     "read_tatoeba",
+    "read_tinyshakespeare",
+    "read_wikitext2",
     "resolve_data_dir",
+    "stream_blocks",
     "token_batches",
-    "train_tokenizer", "WordVocab", "words",
+    "train_tokenizer", "WordPiece", "WordVocab", "words",
     "write_lines",
 ]

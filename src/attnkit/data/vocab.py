@@ -1,5 +1,8 @@
 """A whole-word vocabulary, as captioning papers use: lowercased words, rare ones mapped to <unk>.
 
+With ``pretokenized`` it reads text that a corpus has tokenized already (WikiText): the
+whitespace-separated tokens are the words, kept as they are (case, punctuation, ``<unk>``).
+
 It offers the same methods as the SentencePiece :class:`attnkit.data.Tokenizer`, so decoding
 and checkpoints treat both alike.
 """
@@ -23,9 +26,14 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+def _splitter(pretokenized: bool):
+    return str.split if pretokenized else words
+
+
 class WordVocab:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, pretokenized: bool = False):
         self.path = Path(path)
+        self.words = _splitter(pretokenized)
         try:
             self.itos = self.path.read_text(encoding="utf-8").split("\n")
         except OSError as e:
@@ -37,26 +45,29 @@ class WordVocab:
         self.stoi = {w: i for i, w in enumerate(self.itos)}
 
     @classmethod
-    def build(cls, texts: Iterable[str], path: str | Path, min_count: int = 5) -> WordVocab:
+    def build(cls, texts: Iterable[str], path: str | Path, min_count: int = 5, pretokenized: bool = False) -> WordVocab:
         """Words seen at least ``min_count`` times, most frequent first; written atomically to ``path``."""
-        counts = Counter(w for t in texts for w in words(t))
-        kept = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+        split = _splitter(pretokenized)
+        counts = Counter(w for t in texts for w in split(t))
+        # a corpus's own "<unk>" is our UNK, not a second entry
+        kept = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
+                      key=lambda w: (-counts[w], w))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text("\n".join(SPECIALS + kept) + "\n", encoding="utf-8")
         tmp.replace(path)
-        return cls(path)
+        return cls(path, pretokenized)
 
     @property
     def vocab_size(self) -> int:
         return len(self.itos)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [[self.stoi.get(w, UNK) for w in words(t)] for t in texts]
+        return [[self.stoi.get(w, UNK) for w in self.words(t)] for t in texts]
 
     def pieces(self, text: str) -> list[str]:
-        return [w if w in self.stoi else SPECIALS[UNK] for w in words(text)]
+        return [w if w in self.stoi else SPECIALS[UNK] for w in self.words(text)]
 
     def id_to_piece(self, ids: Iterable[int]) -> list[str]:
         return [self.itos[int(i)] for i in ids]

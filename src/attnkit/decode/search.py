@@ -11,6 +11,7 @@ The functions here take the initial ``state`` and never look inside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -53,10 +54,11 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 @torch.no_grad()
 def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            generator: torch.Generator | None = None, need_weights: bool = False,
-           prefix: Tensor | None = None) -> list[Hypothesis]:
+           prefix: Tensor | None = None, on_token: Callable[[Tensor], None] | None = None) -> list[Hypothesis]:
     """Ancestral sampling; ``temperature == 0`` is greedy decoding. One hypothesis per batch row.
 
-    max_lens [N]; ``prefix`` [N, P] forces the first P output tokens (a language model's prompt).
+    max_lens [N]; ``prefix`` [N, P] forces the first P output tokens (a language model's prompt);
+    ``on_token`` is called after every step with the tokens just chosen [N] (EOS once a row ended), to stream them.
     """
     n = max_lens.size(0)
     tokens = torch.full((n,), BOS, dtype=torch.long)
@@ -75,6 +77,8 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
         tokens = tokens.masked_fill(finished, EOS)
         scores += log_probs.gather(1, tokens[:, None]).squeeze(1).masked_fill(finished, 0.0)
         outputs.append(tokens)
+        if on_token is not None:
+            on_token(tokens)
         if attn is not None:
             attns.append(attn)
         finished |= tokens.eq(EOS)

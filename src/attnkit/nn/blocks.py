@@ -30,9 +30,9 @@ class FeedForward(nn.Module):
 class Residual(nn.Module):
     """The residual connection with layer norm around one sublayer, post-LN or pre-LN."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
@@ -44,20 +44,30 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention, then the FFN. With ``causal`` it is also a decoder-only (GPT) layer: no cross-attention.
+
+    ``layer_norm_eps`` is 1e-12 for BERT's weights; PyTorch's default 1e-5 elsewhere.
+    """
+
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
-                 activation="relu", norm_first=False):
+                 activation="relu", norm_first=False, layer_norm_eps=1e-5):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
         self.ffn = FeedForward(d_model, d_ff, activation_dropout, activation)
-        self.attn_res = Residual(d_model, dropout, norm_first)
-        self.ffn_res = Residual(d_model, dropout, norm_first)
+        self.attn_res = Residual(d_model, dropout, norm_first, layer_norm_eps)
+        self.ffn_res = Residual(d_model, dropout, norm_first, layer_norm_eps)
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None = None, need_weights: bool = False):
-        """x [B, S, d_model], padding_mask [B, S] (True = pad) -> (x, self-attention weights [B, H, S, S] or None)."""
-        x, (weights, _) = self.attn_res(
-            x, lambda h: self.self_attn(h, key_padding_mask=padding_mask, need_weights=need_weights))
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, need_weights: bool = False, *,
+                causal: bool = False, cache: KVCache | None = None):
+        """x [B, S, d_model], padding_mask [B, S] (True = pad) -> (x, self-attention weights [B, H, S, S] or None).
+
+        ``causal`` hides later positions. ``cache`` (decoding, with ``causal``) holds the keys/values of earlier
+        steps; it is then returned extended as a third element: (x, weights, cache).
+        """
+        x, (weights, new_cache) = self.attn_res(x, lambda h: self.self_attn(
+            h, key_padding_mask=padding_mask, causal=causal, cache=cache, need_weights=need_weights))
         x, _ = self.ffn_res(x, lambda h: (self.ffn(h),))
-        return x, weights
+        return (x, weights) if cache is None else (x, weights, new_cache)
 
 
 class DecoderLayer(nn.Module):

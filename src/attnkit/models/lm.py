@@ -1,0 +1,107 @@
+"""A decoder-only Transformer language model (GPT: Radford et al. 2018, 2019) behind the common decoding interface.
+
+It is the Transformer's decoder without cross-attention: a stack of causal self-attention
+layers (attnkit.nn's EncoderLayer with ``causal=True``), pre-LN by default with a final
+LayerNorm, and the output projection tied to the token embedding.
+
+An LM reads no source. Its "memory" only says how many sequences to generate; a prompt is
+fed through the cache token by token, as the forced prefix of ``attnkit.decode.sample``.
+Every sequence starts with BOS (training puts BOS before each block too), so position 0
+always holds the same token and the model can be asked to start from nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.config import ModelConfig
+from attnkit.models.transformer import PAD
+from attnkit.nn import EncoderLayer, KVCache, TokenEmbedding, make_positional
+
+
+@dataclass
+class NoMemory:
+    """A language model's memory: nothing but the batch size."""
+
+    batch: int
+
+    def select(self, indices: Tensor) -> NoMemory:
+        return NoMemory(len(indices))
+
+
+@dataclass
+class LMState:
+    """Per-layer self-attention caches [B, H, t, d_head] and the position of the next token."""
+
+    caches: list[KVCache]
+    offset: int = 0
+
+    def select(self, indices: Tensor) -> LMState:
+        return LMState([c.select(indices) for c in self.caches], self.offset)
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = TokenEmbedding(vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
+                                    cfg.dropout, PAD)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
+                         cfg.activation, cfg.norm_first, cfg.layer_norm_eps)
+            for _ in range(cfg.n_decoder_layers))
+        # pre-LN leaves the residual stream unnormalised; post-LN already ends in a norm
+        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+        self.output = nn.Linear(d, vocab_size, bias=False)
+        if cfg.share_embeddings:
+            self.output.weight = self.embed.tokens.weight  # tied (Press & Wolf 2017), as GPT-2
+        for layer in self.layers:
+            for lin in (layer.ffn.linear1, layer.ffn.linear2):
+                nn.init.xavier_uniform_(lin.weight)
+                nn.init.zeros_(lin.bias)
+
+    def forward(self, src: Tensor | None, tgt_in: Tensor, need_weights: bool = False):
+        """Teacher forcing: tgt_in [B, T] (BOS + tokens) -> logits [B, T, V]; ``src`` is ignored.
+
+        With ``need_weights`` also returns each layer's self-attention weights [B, H, T, T].
+        """
+        x = self.embed(tgt_in)
+        all_weights = []
+        for layer in self.layers:
+            x, w = layer(x, need_weights=need_weights, causal=True)
+            all_weights.append(w)
+        logits = self.output(self.norm(x))
+        return (logits, all_weights) if need_weights else logits
+
+    # --- the common decoding interface (attnkit.decode)
+
+    def encode(self, src: Tensor) -> NoMemory:
+        """src [B, ...]: only its batch size matters."""
+        return NoMemory(src.size(0))
+
+    def init_state(self, memory: NoMemory) -> LMState:
+        h, d_head = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
+        empty = self.output.weight.new_zeros(memory.batch, h, 0, d_head)
+        return LMState([KVCache(empty, empty) for _ in self.layers])
+
+    def step(self, tokens: Tensor, state: LMState, need_weights: bool = False):
+        """tokens [B] (the previous outputs) -> (log_probs [B, V], new state, attention).
+
+        ``attention`` is the self-attention of this step over all tokens so far [B, t + 1],
+        averaged over heads and layers, or None.
+        """
+        x = self.embed(tokens[:, None], offset=state.offset)
+        caches, attn = [], None
+        for layer, cache in zip(self.layers, state.caches):
+            x, w, cache = layer(x, need_weights=need_weights, causal=True, cache=cache)
+            caches.append(cache)
+            if w is not None:
+                attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
+        if attn is not None:
+            attn = attn / len(self.layers)
+        logits = self.output(self.norm(x[:, 0]))
+        return F.log_softmax(logits.float(), dim=-1), LMState(caches, state.offset + 1), attn

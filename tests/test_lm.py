@@ -1,0 +1,282 @@
+"""Language models: causality, the cached step, sampling against uncached recomputation, perplexity,
+the character tokenizer and WikiText words, a short real run on Tiny Shakespeare, ``attnkit generate``."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnkit.cli import main
+from attnkit.config import PRESETS, ExperimentConfig, ModelConfig, config_from_dict
+from attnkit.data import CharTokenizer, WordVocab, block_batch, stream_blocks
+from attnkit.decode import complete, filter_logits, greedy, sample
+from attnkit.errors import AttnkitError
+from attnkit.evaluate import language_model_scores
+from attnkit.models import BOS, EOS, PAD, UNK, TransformerLM, build_model
+
+VOCAB = 24
+
+
+def lm_config(**overrides) -> ModelConfig:
+    base = PRESETS["lm_tiny"] | dict(d_model=32, n_heads=4, d_ff=64, n_decoder_layers=2, dropout=0.0,
+                                     max_positions=64)
+    return ModelConfig(family="transformer_lm", **(base | overrides))
+
+
+def make_lm(seed: int = 0, **overrides) -> TransformerLM:
+    torch.manual_seed(seed)
+    return build_model(lm_config(**overrides), 0, VOCAB).eval()
+
+
+def markov_stream(n: int, seed: int = 0) -> torch.Tensor:
+    """Ids in [4, VOCAB) from a sparse random Markov chain: predictable, yet not deterministic."""
+    g = torch.Generator().manual_seed(seed)
+    nxt = torch.randint(4, VOCAB, (VOCAB, 3), generator=g)
+    ids, cur = [], 4
+    for _ in range(n):
+        cur = int(nxt[cur, torch.randint(0, 3, (1,), generator=g)])
+        ids.append(cur)
+    return torch.tensor(ids)
+
+
+@pytest.fixture(scope="module")
+def toy_lm() -> TransformerLM:
+    """A tiny LM trained briefly on a Markov stream: peaked distributions, and EOS (never a target) unlikely."""
+    model = make_lm(seed=1)
+    model.train()
+    blocks = stream_blocks(markov_stream(16 * 24), 24)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(40):
+        b = block_batch(blocks, list(range(blocks.size(0))))
+        loss = F.cross_entropy(model(b.src, b.tgt_in).flatten(0, 1), b.tgt_out.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+# --- the model
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": False, "positional": "sinusoidal", "activation": "relu"}])
+@torch.no_grad()
+def test_logits_never_see_the_future(overrides):
+    model = make_lm(**overrides)
+    x = torch.randint(4, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    base = model(None, x)
+    for t in range(11):
+        changed = x.clone()
+        changed[:, t + 1:] = torch.randint(4, VOCAB, (2, 11 - t), generator=torch.Generator().manual_seed(t + 1))
+        out = model(None, changed)
+        assert (out[:, : t + 1] - base[:, : t + 1]).abs().max() <= 1e-6
+        assert (out[:, t + 1:] - base[:, t + 1:]).abs().max() > 1e-3  # the later positions do read them
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": False, "positional": "sinusoidal"},
+                                       {"share_embeddings": False}])
+@torch.no_grad()
+def test_cached_steps_equal_teacher_forcing(overrides):
+    model = make_lm(seed=2, **overrides)
+    x = torch.cat([torch.full((3, 1), BOS), torch.randint(4, VOCAB, (3, 15))], 1)
+    full = F.log_softmax(model(None, x), -1)
+    state = model.init_state(model.encode(x))
+    for t in range(x.size(1)):
+        log_probs, state, attn = model.step(x[:, t], state, need_weights=True)
+        assert (log_probs - full[:, t]).abs().max() <= 1e-5
+        assert attn.shape == (3, t + 1) and torch.allclose(attn.sum(-1), torch.ones(3), atol=1e-5)
+        state = state.select(torch.arange(3))  # reordering by identity changes nothing
+
+
+def test_embeddings_tied_and_presets_sized_like_gpt2():
+    model = make_lm()
+    assert model.output.weight is model.embed.tokens.weight
+    with torch.device("meta"):  # shapes only: no memory, no time
+        gpt2 = build_model(ModelConfig(family="transformer_lm", preset="gpt2_small", **PRESETS["gpt2_small"]),
+                           0, 50257)
+    assert sum(p.numel() for p in gpt2.parameters()) == 124_439_808  # GPT-2 small, counted the same way
+    assert len(gpt2.layers) == 12 and gpt2.cfg.d_model == 768 and gpt2.cfg.norm_first
+
+
+def test_config_pairs_language_models_with_text_streams():
+    cfg = config_from_dict({"model": {"preset": "lm_small", "family": "transformer_lm"},
+                            "data": {"format": "wikitext2", "block_size": 128}})
+    assert cfg.model.n_decoder_layers == 4 and cfg.model.norm_first and cfg.data.block_size == 128
+    with pytest.raises(AttnkitError, match="transformer_lm"):
+        config_from_dict({"model": {"family": "transformer_lm"}, "data": {"format": "multi30k"}})
+    with pytest.raises(AttnkitError, match="transformer_lm"):
+        config_from_dict({"data": {"format": "tinyshakespeare"}})
+
+
+# --- sampling through the cache against recomputing every prefix
+
+
+@torch.no_grad()
+def uncached(model, prefix: list[int], n_steps: int, temperature: float, top_k: int = 0, top_p: float = 1.0,
+             seed: int = 0) -> list[int]:
+    """The definition of sampling: run the whole sequence through ``forward`` at every step."""
+    g = torch.Generator().manual_seed(seed)
+    seq, out = [BOS], []
+    for t in range(n_steps - 1):  # sample's last step only ends the sequence
+        log_probs = F.log_softmax(model(None, torch.tensor([seq]))[:, -1].float(), -1)
+        if t < len(prefix):
+            token = prefix[t]
+        elif temperature == 0:
+            token = int(log_probs.argmax(-1))
+        else:
+            logits = filter_logits(log_probs / temperature, top_k, top_p)
+            token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
+        if token == EOS:
+            break
+        out.append(token)
+        seq.append(token)
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 1.0), (1.2, 0, 0.9)])
+def test_cached_generation_equals_uncached(toy_lm, temperature, top_k, top_p):
+    prefix = [5, 9, 7]
+    state = toy_lm.init_state(toy_lm.encode(torch.zeros(1, 0, dtype=torch.long)))
+    hyp = sample(toy_lm, state, torch.tensor([30]), temperature, top_k, top_p, torch.Generator().manual_seed(4),
+                 prefix=torch.tensor([prefix]))[0]
+    assert hyp.tokens == uncached(toy_lm, prefix, 30, temperature, top_k, top_p, seed=4)
+    assert hyp.tokens[:3] == prefix and len(hyp.tokens) > 20  # the model rarely picks EOS: a real test
+
+
+def test_temperature_zero_is_greedy(toy_lm):
+    def state():
+        return toy_lm.init_state(toy_lm.encode(torch.zeros(2, 0, dtype=torch.long)))
+
+    lens = torch.tensor([25, 25])
+    g = [h.tokens for h in greedy(toy_lm, state(), lens)]
+    assert [h.tokens for h in sample(toy_lm, state(), lens, temperature=0.0)] == g
+    assert [h.tokens for h in sample(toy_lm, state(), lens, temperature=1.0, top_k=1)] == g  # only the argmax left
+    assert g[0] == uncached(toy_lm, [], 25, 0.0)
+
+
+def test_same_seed_same_sample_and_streaming_shows_the_final_text(toy_lm, tmp_path):
+    tok = CharTokenizer.build("".join(chr(ord("a") + i) for i in range(VOCAB - 4)), tmp_path / "chars.json")
+    pieces = []
+    a = complete(toy_lm, tok, "bfd", max_new_tokens=15, temperature=1.0, seed=3, on_text=pieces.append)
+    b = complete(toy_lm, tok, "bfd", max_new_tokens=15, temperature=1.0, seed=3)
+    assert a.text == b.text and a.text.startswith("bfd") and "".join(pieces) == a.text
+    assert pieces[:3] == ["b", "f", "d"] and len(a.hypothesis.tokens) <= 3 + 15
+    with pytest.raises(AttnkitError, match="positions"):
+        complete(toy_lm, tok, "bfd", max_new_tokens=64)  # learned positions end at max_positions
+
+
+# --- perplexity
+
+
+@torch.no_grad()
+def test_perplexity_matches_a_direct_computation():
+    model = make_lm(seed=5)
+    stream = markov_stream(50, seed=2)
+    blocks = stream_blocks(stream, 16)  # 4 blocks, the last holds 2 tokens and PAD
+    assert blocks.shape == (4, 16) and int(blocks.ne(PAD).sum()) == 50
+    scores = language_model_scores(model, blocks, batch_blocks=3, characters=True)
+    # directly: every token of the stream, given BOS and the earlier tokens of its block, one step at a time
+    nll = 0.0
+    for start in range(0, 50, 16):
+        state = model.init_state(model.encode(torch.zeros(1, 0)))
+        previous = BOS
+        for token in stream[start:start + 16].tolist():
+            log_probs, state, _ = model.step(torch.tensor([previous]), state)
+            nll -= float(log_probs[0, token])
+            previous = token
+    assert scores["tokens"] == 50
+    assert scores["loss"] == pytest.approx(nll / 50, rel=1e-5)
+    assert scores["ppl"] == pytest.approx(math.exp(nll / 50), rel=1e-5)
+    assert scores["bpc"] == pytest.approx(nll / 50 / math.log(2), rel=1e-5)
+
+
+def test_block_batch_shifts_each_block_behind_bos():
+    blocks = stream_blocks(torch.arange(4, 14), 4)  # 10 ids -> 3 blocks
+    b = block_batch(blocks, [2, 0])
+    assert b.tgt_out.tolist() == [[12, 13, PAD, PAD], [4, 5, 6, 7]]
+    assert b.tgt_in.tolist() == [[BOS, 12, 13, PAD], [BOS, 4, 5, 6]]
+    assert b.src.shape == (2, 0) and b.n_tokens == 6
+
+
+# --- tokenizers
+
+
+def test_char_tokenizer_round_trip(tmp_path):
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+    tok = CharTokenizer.build(text, tmp_path / "chars.json")
+    assert tok.vocab_size == 4 + len(set(text))
+    ids = tok.encode([text, "speak"])
+    assert min(min(i) for i in ids) > EOS and tok.decode(ids[0]) == text
+    again = CharTokenizer(tmp_path / "chars.json")  # as a checkpoint reloads it
+    assert again.encode([text]) == [ids[0]] and again.decode(ids[1]) == "speak"
+    assert tok.encode(["Zq"]) == [[UNK, UNK]] and tok.pieces("aZ") == ["a", "<unk>"]
+    assert tok.decode([BOS, *tok.encode(["hear"])[0], EOS, PAD]) == "hear"
+    assert tok.id_to_piece(tok.encode(["\n "])[0]) == ["\n", " "]
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(AttnkitError, match="bad.json"):
+        CharTokenizer(tmp_path / "bad.json")
+
+
+def test_word_vocab_keeps_a_pretokenized_corpus_as_it_is(tmp_path):
+    lines = [" = Valkyria Chronicles III = <eos>", " The game 's <unk> , Sega . <eos>", " <eos>"]
+    vocab = WordVocab.build(lines, tmp_path / "vocab.txt", min_count=1, pretokenized=True)
+    assert vocab.itos.count("<unk>") == 1  # the corpus's own <unk> is UNK
+    ids = vocab.encode(lines)
+    assert ids[1][3] == UNK and vocab.id_to_piece(ids[1][:3]) == ["The", "game", "'s"]
+    assert vocab.id_to_piece(ids[2]) == ["<eos>"] and vocab.encode(["the Game"]) == [[UNK, UNK]]
+    assert vocab.decode(ids[0]) == "= Valkyria Chronicles III = <eos>"
+    captions = WordVocab.build(["A dog, a Dog."], tmp_path / "captions.txt", min_count=1)  # unchanged: lowercased
+    assert captions.itos[4:] == ["a", "dog"]
+
+
+# --- a real run: Tiny Shakespeare through the common Trainer, then attnkit generate
+
+
+@pytest.fixture(scope="module")
+def shakespeare_run(tmp_path_factory, data_dir):
+    from attnkit.train import Trainer
+
+    cfg = ExperimentConfig(name="shakespeare_tiny")
+    cfg.model = lm_config(d_model=64, n_heads=4, d_ff=256)
+    cfg.data = dataclasses.replace(cfg.data, format="tinyshakespeare", block_size=64, max_train_pairs=1500,
+                                   max_valid_pairs=100)
+    cfg.train = dataclasses.replace(cfg.train, seed=1, max_tokens=2048, max_steps=150, lr=3e-3, schedule="constant",
+                                    warmup_steps=0, label_smoothing=0.0, eval_every=0, save_every=0, progress=False,
+                                    threads=1)
+    run = tmp_path_factory.mktemp("shakespeare")
+    trainer = Trainer(cfg, run, data_dir=str(data_dir))
+    return trainer, trainer.train(), run
+
+
+def test_short_shakespeare_run_beats_the_unigram_entropy(shakespeare_run):
+    trainer, result, _ = shakespeare_run
+    train = trainer.task.blocks["train"]
+    counts = collections.Counter(train[train.ne(PAD)].tolist())
+    n = sum(counts.values())
+    unigram = -sum(c / n * math.log(c / n) for c in counts.values())  # nats per character of the slice
+    assert 3.0 < unigram < 3.6
+    assert result["valid_loss"] < unigram - 0.5, (result, unigram)
+    assert result["valid_bpc"] == pytest.approx(result["valid_loss"] / math.log(2), rel=1e-4)
+
+
+def test_generate_streams_a_continuation(shakespeare_run, capsys):
+    _, _, run = shakespeare_run
+    args = ["generate", "--checkpoint", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "40", "--seed", "7",
+            "--top-k", "10"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("ROMEO:") and len(first) <= len("ROMEO:") + 40 + 1 and first.endswith("\n")
+    assert main(args) == 0
+    assert capsys.readouterr().out == first  # a seed fixes the sample
+    assert main([*args[:7], "--temperature", "0"]) == 0  # greedy
+    assert main(["generate", "--checkpoint", str(run), "--max-new-tokens", "100"]) == 2  # beyond 64 positions
+    assert "positions" in capsys.readouterr().err
+
+
+def test_generate_refuses_a_translation_checkpoint(trained_checkpoint, capsys):
+    assert main(["generate", "--checkpoint", str(trained_checkpoint), "--prompt", "x"]) == 2
+    assert "not a language model" in capsys.readouterr().err
