@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # the reference reads the package's files; never a hub
@@ -65,9 +66,8 @@ def test_hidden_states_match_hugging_face(ours, reference, tok):
     one, _ = tok.batch(SENTENCES[:1])
     assert (ours(one) - reference(input_ids=one).last_hidden_state).abs().max() <= 1e-5
     # float64: the same function everywhere, padding included, up to rounding
-    mine64 = ours.double()(ids, pad)
-    theirs64 = reference.double()(input_ids=ids, attention_mask=(~pad).long()).last_hidden_state
-    ours.float(), reference.float()
+    mine64 = copy.deepcopy(ours).double()(ids, pad)
+    theirs64 = copy.deepcopy(reference).double()(input_ids=ids, attention_mask=(~pad).long()).last_hidden_state
     assert (mine64 - theirs64).abs().max() <= 1e-10
 
 

@@ -68,8 +68,8 @@ def test_two_ranks_equal_one_process_on_the_whole_batch(runs):
 
 def test_checkpoints_resume_across_world_sizes(runs):
     """A DDP checkpoint continues in one process, and a single-process one under DDP."""
-    _run(["train", "tiny.toml", "--run-dir", "ddp", "--resume", "--set", "train.max_steps=4", "--set", "train.save_every=1",
-          *TINY], runs)
+    _run(["train", "tiny.toml", "--run-dir", "ddp", "--resume", "--set", "train.max_steps=4",
+          "--set", "train.save_every=1", *TINY], runs)
     _run(["train", "tiny.toml", "--run-dir", "single", "--resume", "--set", "train.max_steps=4", "--set",
           "train.save_every=1", "--set", "train.update_freq=2", *TINY], runs, nproc=2)
     import json
