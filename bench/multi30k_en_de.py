@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--run-dir", default="runs/multi30k_en_de")
     ap.add_argument("--train-command", required=True, help="the command that trained the run, recorded verbatim")
     ap.add_argument("--beam", type=int, default=5)
-    ap.add_argument("--len-penalty", type=float, nargs="+", default=[0.6, 1.0, 1.4])
+    ap.add_argument("--len-penalty", type=float, nargs="+", default=[1.0])
     ap.add_argument("--data-dir")
     ap.add_argument("--out", default="bench/results/multi30k_en_de.json")
     args = ap.parse_args()
@@ -45,7 +45,7 @@ def main() -> int:
     cfg = load_config(run / "config.toml")
     valid = load_split(cfg.data, "valid", args.data_dir)
     test = load_split(cfg.data, "test", args.data_dir)
-    candidates = [run / "checkpoints" / n for n in ("best", "averaged", "last") if (run / "checkpoints" / n).exists()]
+    candidates = [run / "checkpoints" / n for n in ("best", "averaged") if (run / "checkpoints" / n).exists()]
     selection = []
     for path in candidates:
         for lp in args.len_penalty:

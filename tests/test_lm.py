@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from attnkit.cli import main
 from attnkit.config import PRESETS, ExperimentConfig, ModelConfig, config_from_dict
 from attnkit.data import CharTokenizer, WordVocab, block_batch, stream_blocks
-from attnkit.decode import complete, filter_logits, greedy, sample
+from attnkit.decode import beam_search, complete, filter_logits, greedy, sample
 from attnkit.errors import AttnkitError
 from attnkit.evaluate import language_model_scores
 from attnkit.models import BOS, EOS, PAD, UNK, TransformerLM, build_model
@@ -156,6 +156,9 @@ def test_temperature_zero_is_greedy(toy_lm):
     assert [h.tokens for h in sample(toy_lm, state(), lens, temperature=0.0)] == g
     assert [h.tokens for h in sample(toy_lm, state(), lens, temperature=1.0, top_k=1)] == g  # only the argmax left
     assert g[0] == uncached(toy_lm, [], 25, 0.0)
+    beams = beam_search(toy_lm, state(), lens, beam_size=1)  # the state reorders by beam like any other
+    assert [b[0].tokens for b in beams] == g
+    assert len(beam_search(toy_lm, state(), lens, beam_size=3, n_best=3)[0]) == 3
 
 
 def test_same_seed_same_sample_and_streaming_shows_the_final_text(toy_lm, tmp_path):

@@ -46,11 +46,12 @@ def complete(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperatu
             return
         out.append(int(tokens[0]))
         text = tokenizer.decode(out)
-        if on_text is not None and len(text) > len(shown):
+        if len(text) > len(shown):
             on_text(text[len(shown):])
         shown = text
 
     state = model.init_state(model.encode(torch.zeros(1, 0, dtype=torch.long)))
     hyp = sample(model, state, torch.tensor([n_steps]), temperature, top_k, top_p, generator,
-                 prefix=torch.tensor([ids], dtype=torch.long).view(1, -1), on_token=stream)[0]
+                 prefix=torch.tensor([ids], dtype=torch.long).view(1, -1),
+                 on_token=None if on_text is None else stream)[0]
     return Completion(prompt, hyp, tokenizer.decode(hyp.tokens))

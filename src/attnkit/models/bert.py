@@ -92,8 +92,11 @@ def convert_hf_state(state: dict[str, Tensor], n_layers: int) -> dict[str, Tenso
     """Rename a Hugging Face BertModel state dict into BertEncoder's; the separate query, key and value
     projections become the one ``in_proj`` [3 d_model, d_model]. The pooler (unused by sentence
     embeddings) and the ``position_ids`` buffer are dropped."""
-    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
-    get = lambda name: state[prefix + name]  # noqa: E731
+    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""  # a BertFor... task model's encoder
+
+    def get(name: str) -> Tensor:
+        return state[prefix + name]
+
     out = {
         "tokens.weight": get("embeddings.word_embeddings.weight"),
         "positions.embedding.weight": get("embeddings.position_embeddings.weight"),

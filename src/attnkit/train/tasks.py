@@ -89,6 +89,21 @@ class TranslationTask:
         return {"valid_bleu": bleu([x.text[0] for x in out], self.valid_pairs.tgt).score}
 
 
+def load_grids(cfg: ExperimentConfig, images: list[Path], rank: int = 0, world: int = 1):
+    """[N, L, C] float16 CNN grids of these images, extracted into the feature cache on first use (by rank 0)."""
+    from attnkit.data import extract_features
+    from attnkit.nn.vision import load_pretrained
+
+    cache = None
+    for turn in range(2):  # rank 0 extracts; the others then find everything cached
+        if (rank == 0) == (turn == 0):
+            cache = extract_features(load_pretrained(cfg.data.image_grid), images, cfg.data.feature_cache,
+                                     progress=rank == 0)
+        distributed.barrier(world)
+    grids = cache.load([p.name for p in images])  # [N, C, h, w]
+    return grids.flatten(2).transpose(1, 2).contiguous()
+
+
 class CaptionTask:
     """Flickr8k: each training example is (image, one of its captions); the source is the image's CNN grid.
 
@@ -114,7 +129,7 @@ class CaptionTask:
                             cfg.data.min_word_count)
         distributed.barrier(world)
         self.vocab = WordVocab(vocab_path)
-        self.grids = {split: self._grids(c.images, rank, world) for split, c in self.splits.items()}
+        self.grids = {split: load_grids(cfg, c.images, rank, world) for split, c in self.splits.items()}
         self.examples = {}  # split -> (image index per example, caption ids per example)
         for split, c in self.splits.items():
             image, ids = [], []
@@ -123,19 +138,6 @@ class CaptionTask:
                     image.append(i)
                     ids.append(tokens[: cfg.decode.max_caption_len])
             self.examples[split] = (image, ids)
-
-    def _grids(self, images: list[Path], rank: int, world: int):
-        """[N, L, C] float16 grids of these images, extracted on first use (by rank 0)."""
-        from attnkit.data import extract_features
-        from attnkit.nn.vision import load_pretrained
-
-        if rank == 0:
-            cache = extract_features(load_pretrained(self.cfg.data.image_grid), images, self.cfg.data.feature_cache)
-        distributed.barrier(world)
-        if rank != 0:
-            cache = extract_features(load_pretrained(self.cfg.data.image_grid), images, self.cfg.data.feature_cache)
-        grids = cache.load([p.name for p in images])  # [N, C, h, w]
-        return grids.flatten(2).transpose(1, 2).contiguous()
 
     @property
     def files(self) -> list[Path]:

@@ -1,0 +1,69 @@
+"""Score a finished Flickr8k captioning run on the dev split and write bench/results/<name>.json.
+
+Corpus BLEU-1..4 of beam-searched captions against all 5 references of each dev image.
+Wall-clock minutes count everything the train command did, feature extraction included
+(``started``/``finished`` stamps around it, written by ``make flickr8k``).
+
+    python bench/flickr8k_captioning.py --run-dir runs/flickr8k_sat --train-command "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from attnkit.data import read_flickr8k, words
+from attnkit.decode import caption
+from attnkit.evaluate import caption_bleu
+from attnkit.evaluate.results import write_results
+from attnkit.train import load_checkpoint
+from attnkit.train.tasks import load_grids
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--run-dir", default="runs/flickr8k_sat")
+    ap.add_argument("--train-command", required=True)
+    ap.add_argument("--beam", type=int, default=3)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    run = Path(args.run_dir)
+    model, cfg, vocab, path = load_checkpoint(run / "checkpoints" / "best")
+    dev = read_flickr8k(args.data_dir or cfg.data.data_dir or None, "dev")
+    grids = load_grids(cfg, dev.images)  # from the feature cache the training run filled
+    start = time.monotonic()
+    out = caption(model, vocab, grids, beam_size=args.beam, len_penalty=cfg.decode.len_penalty,
+                  max_len=cfg.decode.max_caption_len)
+    seconds = time.monotonic() - start
+    refs = [[" ".join(words(c)) for c in caps] for caps in dev.captions]
+    scores = caption_bleu([c.text[0] for c in out], refs)
+    print(" ".join(f"BLEU-{n} {scores[f'bleu{n}']:.2f}" for n in range(1, 5)), file=sys.stderr)
+    (run / "dev.captions.txt").write_text(
+        "".join(f"{p.name}\t{c.text[0]}\n" for p, c in zip(dev.images, out)), encoding="utf-8")
+
+    meta = json.loads((path / "meta.json").read_text())
+    stamps = [run / "started", run / "finished"]
+    wall = (int(stamps[1].read_text()) - int(stamps[0].read_text())) / 60 if all(s.exists() for s in stamps) else None
+    name = cfg.name
+    write_results(
+        args.out or f"bench/results/{name}.json", name,
+        command=f"{args.train_command} && python bench/flickr8k_captioning.py --run-dir {args.run_dir} "
+                f"--beam {args.beam}",
+        metrics={**{k: round(v, 2) for k, v in scores.items()},
+                 "split": "Flickr8k dev (1000 images, 5 references each)",
+                 "bleu_definition": "corpus BLEU, lowercased alphanumeric words, closest reference length, "
+                                    "sacrebleu tokenize=none (equals NLTK corpus_bleu; tested)"},
+        wall_minutes_including_feature_extraction=None if wall is None else round(wall, 2),
+        train_minutes=round(meta["progress"]["train_seconds"] / 60, 2), steps=meta["progress"]["step"],
+        checkpoint=path.name, beam=args.beam, decode_seconds_dev=round(seconds, 1), model=cfg.model.family,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
