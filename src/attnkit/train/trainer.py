@@ -181,14 +181,44 @@ class Trainer:
 
     # --- the loop
 
+    def _update(self, group: list[list[int]], lr: float) -> tuple[int, float]:
+        """One optimizer step over this rank's share of ``group`` (lists of example indices).
+
+        Returns the number of target tokens and their summed NLL, over all ranks.
+        """
+        model, t = self.forward_model, self.cfg.train
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        n_tokens, loss_sum = 0, 0.0
+        for k, idx in enumerate(group):
+            b = self.task.batch("train", idx)
+            sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
+            with contextlib.nullcontext() if sync else model.no_sync():
+                loss, nll = self.task.loss(model, b, t.label_smoothing)
+                loss.backward()
+            n_tokens += b.n_tokens
+            loss_sum += float(nll)
+        n_tokens = int(distributed.all_sum(n_tokens, self.world))
+        loss_sum = distributed.all_sum(loss_sum, self.world)
+        # the loss is a sum over tokens and DDP averages over ranks: make it a per-token mean
+        for param in self.model.parameters():
+            if param.grad is not None:
+                param.grad.mul_(self.world / n_tokens)
+        if t.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return n_tokens, loss_sum
+
     def train(self) -> dict:
-        t, p, model = self.cfg.train, self.progress, self.forward_model
-        model.train()
+        t, p = self.cfg.train, self.progress
+        self.forward_model.train()
         src_lens, tgt_lens = self.task.lengths("train")
         per_update = t.update_freq * self.world  # batches consumed by one optimizer step, over all ranks
         bar = tqdm(total=t.max_steps, initial=p.step, disable=not t.progress or self.rank != 0, file=sys.stderr,
                    dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 60.0, desc="train")
-        start, window_loss, window_tokens, window_start = time.monotonic() - p.train_seconds, 0.0, 0, time.monotonic()
+        start = time.monotonic() - p.train_seconds
+        window_loss, window_tokens, window_start = 0.0, 0, p.train_seconds  # throughput over training time only
         scores: dict = {}
         stop = False
         while not stop:
@@ -200,27 +230,7 @@ class Trainer:
             while p.batch_in_epoch < last:
                 group = batches[p.batch_in_epoch: p.batch_in_epoch + per_update][self.rank::self.world]
                 lr = learning_rate(p.step + 1, t, self.cfg.model.d_model)
-                for g in self.optimizer.param_groups:
-                    g["lr"] = lr
-                n_tokens, loss_sum = 0, 0.0
-                for k, idx in enumerate(group):
-                    b = self.task.batch("train", idx)
-                    sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
-                    with contextlib.nullcontext() if sync else model.no_sync():
-                        loss, nll = self.task.loss(model, b, t.label_smoothing)
-                        loss.backward()
-                    n_tokens += b.n_tokens
-                    loss_sum += float(nll)
-                n_tokens = int(distributed.all_sum(n_tokens, self.world))
-                loss_sum = distributed.all_sum(loss_sum, self.world)
-                # the loss is a sum over tokens and DDP averages over ranks: make it a per-token mean
-                for param in self.model.parameters():
-                    if param.grad is not None:
-                        param.grad.mul_(self.world / n_tokens)
-                if t.clip_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                n_tokens, loss_sum = self._update(group, lr)
                 p.step += 1
                 p.batch_in_epoch += per_update
                 p.train_tokens += n_tokens
@@ -229,12 +239,12 @@ class Trainer:
                 window_tokens += n_tokens
                 bar.update(1)
                 if p.step % t.log_every == 0:
-                    elapsed = time.monotonic() - window_start
+                    elapsed = p.train_seconds - window_start
                     record = {"step": p.step, "epoch": p.epoch, "lr": lr, "train_nll": window_loss / window_tokens,
                               "tokens_per_s": window_tokens / max(elapsed, 1e-9), "minutes": p.train_seconds / 60}
                     self.log(record)
                     bar.set_postfix(nll=f"{record['train_nll']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                    window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+                    window_loss, window_tokens, window_start = 0.0, 0, p.train_seconds
                 out_of_time = bool(t.max_minutes) and p.train_seconds >= t.max_minutes * 60
                 stop = p.step >= t.max_steps or distributed.any_true(out_of_time, self.world)
                 if stop or (t.eval_every and p.step % t.eval_every == 0):
