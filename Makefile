@@ -1,6 +1,7 @@
 # make demo   — set up .venv on a fresh machine, then train the dates demo (< 3 min)
 # make test   — set up .venv, then run the test suite
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
+# make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC))
 
-.PHONY: demo test multi30k lint clean
+.PHONY: demo test multi30k flickr8k lint clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +33,13 @@ multi30k: $(STAMP)
 	$(RUN) $(MULTI30K_TRAIN)
 	date +%s > runs/multi30k_en_de/finished
 	$(RUN) $(PY) bench/multi30k_en_de.py --run-dir runs/multi30k_en_de --train-command "$(MULTI30K_TRAIN)"
+
+FLICKR8K_TRAIN := $(VENV)/bin/attnkit train configs/flickr8k_sat.toml --run-dir runs/flickr8k_sat
+flickr8k: $(STAMP)
+	mkdir -p runs/flickr8k_sat && date +%s > runs/flickr8k_sat/started
+	$(RUN) $(FLICKR8K_TRAIN)
+	date +%s > runs/flickr8k_sat/finished
+	$(RUN) $(PY) bench/flickr8k_captioning.py --run-dir runs/flickr8k_sat --train-command "$(FLICKR8K_TRAIN)"
 
 clean:
 	rm -rf runs/demo
