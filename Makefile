@@ -1,6 +1,8 @@
 # make demo   — set up .venv on a fresh machine, then train the dates demo (< 3 min)
 # make test   — set up .venv, then run the test suite
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
+# make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
+# make complexity — attnkit bench complexity (RNN vs convolution vs self-attention; several minutes)
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -9,7 +11,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC))
 
-.PHONY: demo test multi30k flickr8k lint clean
+.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec complexity flickr8k lint clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,6 +35,16 @@ multi30k: $(STAMP)
 	$(RUN) $(MULTI30K_TRAIN)
 	date +%s > runs/multi30k_en_de/finished
 	$(RUN) $(PY) bench/multi30k_en_de.py --run-dir runs/multi30k_en_de --train-command "$(MULTI30K_TRAIN)"
+
+MULTI30K_RNN = OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/multi30k_en_de_$(1).toml --run-dir runs/multi30k_en_de_$(1)
+multi30k-rnnsearch multi30k-rnnencdec: multi30k-%: $(STAMP)
+	mkdir -p runs/multi30k_en_de_$* && date +%s > runs/multi30k_en_de_$*/started
+	$(RUN) $(call MULTI30K_RNN,$*)
+	date +%s > runs/multi30k_en_de_$*/finished
+	$(RUN) $(PY) bench/multi30k_en_de.py --run-dir runs/multi30k_en_de_$* --train-command "$(call MULTI30K_RNN,$*)"
+
+complexity: $(STAMP)
+	$(VENV)/bin/attnkit bench complexity
 
 FLICKR8K_TRAIN := $(VENV)/bin/attnkit train configs/flickr8k_sat.toml --run-dir runs/flickr8k_sat
 flickr8k: $(STAMP)

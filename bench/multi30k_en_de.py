@@ -1,4 +1,5 @@
-"""Score a finished Multi30k run on test_2016_flickr and write bench/results/multi30k_en_de.json.
+"""Score a finished Multi30k run on test_2016_flickr and write bench/results/<run's config name>.json
+(multi30k_en_de.json for the Transformer; multi30k_en_de_rnnsearch.json, ..._rnnencdec.json for the RNNs).
 
 The checkpoint is chosen on the validation set only (best vs. averaged, beam search),
 then scored once on the test set.
@@ -38,11 +39,12 @@ def main() -> int:
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--len-penalty", type=float, nargs="+", default=[1.0])
     ap.add_argument("--data-dir")
-    ap.add_argument("--out", default="bench/results/multi30k_en_de.json")
+    ap.add_argument("--out", help="default: bench/results/<the run's config name>.json")
     args = ap.parse_args()
 
     run = Path(args.run_dir)
     cfg = load_config(run / "config.toml")
+    args.out = args.out or f"bench/results/{cfg.name}.json"
     valid = load_split(cfg.data, "valid", args.data_dir)
     test = load_split(cfg.data, "test", args.data_dir)
     candidates = [run / "checkpoints" / n for n in ("best", "averaged") if (run / "checkpoints" / n).exists()]
@@ -67,7 +69,7 @@ def main() -> int:
     if started.exists() and finished.exists():
         wall = (int(finished.read_text()) - int(started.read_text())) / 60
     write_results(
-        args.out, "multi30k_en_de",
+        args.out, cfg.name,
         command=f"{args.train_command} && python bench/multi30k_en_de.py --run-dir {args.run_dir} --beam {args.beam}",
         metrics={"bleu": round(b.score, 2), "signature": b.signature, "chrf": round(c.score, 2),
                  "chrf_signature": c.signature, "test_set": "multi30k test_2016_flickr en-de",

@@ -1,4 +1,5 @@
-"""The command line: ``attnkit train | translate | evaluate | caption | generate | embed | average | demo``.
+"""The command line: ``attnkit train | translate | evaluate | align | plot-by-length | caption | generate | embed |
+average | demo | bench``.
 
 Every user error (bad config key, misaligned files, broken checkpoint) ends as one line
 on stderr and exit status 2.
@@ -89,7 +90,8 @@ def cmd_evaluate(args) -> int:
     result = {"checkpoint": str(path), "bleu": b.score, "bleu_signature": b.signature, "chrf": c.score,
               "chrf_signature": c.signature}
     if args.by_length:
-        result["by_length"] = bleu_by_length(sources, hyps, refs)
+        edges = {"edges": args.length_edges} if args.length_edges else {}
+        result["by_length"] = bleu_by_length(sources, hyps, refs, **edges)
         for row in result["by_length"]:
             hi = "+" if row["max_len"] is None else row["max_len"]
             print(f"  source words {row['min_len']:>3}-{hi:<3}  n={row['n']:<5} BLEU {row['bleu']:.2f}")
@@ -98,6 +100,72 @@ def cmd_evaluate(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def _length_edges(text: str) -> tuple[int, ...]:
+    try:
+        edges = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected increasing word counts like 5,10,20, got {text!r}") from None
+    if not edges or any(a >= b for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
+        raise argparse.ArgumentTypeError(f"expected increasing positive word counts like 5,10,20, got {text!r}")
+    return edges
+
+
+def cmd_align(args) -> int:
+    from attnkit.decode import align
+    from attnkit.train import load_checkpoint
+    from attnkit.viz import plot_attention
+
+    model, cfg, toks, _ = load_checkpoint(args.checkpoint)
+    if cfg.data.format == "flickr8k" or cfg.model.family == "transformer_lm":
+        raise AttnkitError(f"{args.checkpoint}: not a translation model (model.family = {cfg.model.family!r}); "
+                           "a captioner's attention: attnkit caption --show-attention")
+    a = align(model, toks, args.src, beam_size=args.beam or cfg.decode.beam_size, len_penalty=cfg.decode.len_penalty,
+              max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b, layer=args.layer, head=args.head)
+    png = plot_attention(a.weights, a.source, a.target, args.output, title=a.description)  # words on the axes
+    print(a.translation)
+    print(f"{a.description}: {png}", file=sys.stderr)
+    return 0
+
+
+def _by_length_rows(path: str) -> dict[str, list[dict]]:
+    """By-length rows from `attnkit evaluate --json`, a benchmark's results JSON, or bench/bleu_by_length.py's."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AttnkitError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise AttnkitError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if isinstance(data.get("systems"), dict):
+        systems = {name: s["by_length"] for name, s in data["systems"].items() if s.get("by_length")}
+    else:
+        rows = data.get("by_length") or data.get("metrics", {}).get("bleu_by_length")
+        systems = {Path(path).stem: rows} if rows else {}
+    if not systems:
+        raise AttnkitError(f"{path}: no BLEU by length in it (write it with attnkit evaluate --by-length --json)")
+    return systems
+
+
+def cmd_plot_by_length(args) -> int:
+    from attnkit.viz import plot_bleu_by_length
+
+    systems: dict[str, list[dict]] = {}
+    for path in args.results:
+        for name, rows in _by_length_rows(path).items():
+            systems[name if name not in systems else f"{path}:{name}"] = rows  # two results.json files
+    if args.labels:
+        if len(args.labels) != len(systems):
+            raise AttnkitError(f"--labels gives {len(args.labels)} names for {len(systems)} systems")
+        systems = dict(zip(args.labels, systems.values()))
+    print(plot_bleu_by_length(systems, args.output, title=args.title))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from attnkit import bench_complexity
+
+    return bench_complexity.main(args)
 
 
 def cmd_caption(args) -> int:
@@ -222,8 +290,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by-length", action="store_true", help="also BLEU per source-length bucket")
     p.add_argument("--output", help="write the translations here")
     p.add_argument("--json", help="write the scores here")
+    p.add_argument("--length-edges", type=_length_edges, metavar="5,10,20",
+                   help="source-length bucket edges in words for --by-length (default 10,20,30,40,50)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("align", help="draw the attention between a sentence and its translation (a heatmap)")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint or run directory (RNNsearch or a Transformer)")
+    p.add_argument("--src", required=True, help="the source sentence")
+    p.add_argument("--output", "-o", required=True, help="the picture (PNG, or any suffix matplotlib knows)")
+    p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default: the checkpoint's config)")
+    p.add_argument("--layer", type=int, default=None, help="Transformer: this decoder layer's cross-attention "
+                                                            "(from 1; default: the mean of all layers and heads)")
+    p.add_argument("--head", type=int, default=None, help="Transformer: this head of --layer (from 1; "
+                                                           "default: the mean of the layer's heads)")
+    p.set_defaults(func=cmd_align)
+
+    p = sub.add_parser("plot-by-length", help="plot BLEU against source length for several systems")
+    p.add_argument("results", nargs="+", help="JSON files of attnkit evaluate --by-length --json (or bench results)")
+    p.add_argument("--output", "-o", required=True)
+    p.add_argument("--labels", nargs="+", help="one name per system (default: the file names)")
+    p.add_argument("--title", default="")
+    p.set_defaults(func=cmd_plot_by_length)
 
     p = sub.add_parser("caption", help="caption images with a Show-Attend-Tell or Transformer captioner")
     p.add_argument("--checkpoint", required=True)
@@ -259,6 +347,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default="runs/demo")
     p.add_argument("--minutes", type=float, default=2.5)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench", help="measurements (bench complexity)")
+    bench = p.add_subparsers(dest="bench", required=True)
+    p = bench.add_parser("complexity", help="time, memory, sequential steps and path length of one RNN, "
+                                            "convolution and self-attention layer as n and d vary")
+    p.add_argument("--quick", action="store_true", help="a few small sizes, in seconds (what the tests run)")
+    p.add_argument("--out", help="the results JSON (default bench/results/complexity.json; "
+                                 "complexity_quick.json with --quick)")
+    p.add_argument("--plot", help="the figure (default: the JSON's name with .png)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the timings (default 1)")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

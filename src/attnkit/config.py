@@ -20,6 +20,7 @@ from attnkit.errors import AttnkitError
 
 @dataclass
 class ModelConfig:
+    # rnn_encdec, rnnsearch: d_model is the word embedding size, d_ff the GRU hidden size (see models/rnn.py)
     family: str = "transformer"
     preset: str = ""  # "base", "big" (the paper), "small", "tiny"; "lm_tiny" .. "gpt2_small": see PRESETS
     d_model: int = 256
@@ -38,8 +39,9 @@ class ModelConfig:
     share_embeddings: bool = True  # source/target embeddings and output projection tied (needs a joint vocabulary)
     # captioners: image features come as a grid of d_feature-channel cells
     d_feature: int = 1280
-    attention_score: str = "additive"  # show_attend_tell: additive (Bahdanau), general, dot, scaled_dot
+    attention_score: str = "additive"  # show_attend_tell, rnnsearch: additive (Bahdanau), general, dot, scaled_dot
     attention_penalty: float = 1.0  # show_attend_tell: lambda of the doubly stochastic regulariser
+    conv_kernel: int = 3  # conv_transformer: the convolutional encoder's kernel width k (odd)
 
 
 @dataclass
@@ -62,6 +64,7 @@ class DataConfig:
     spm_model_type: str = "unigram"  # unigram | bpe | char
     max_len: int = 128  # longer training pairs (in subwords) are dropped
     n_synthetic: int = 20000  # format = "dates": generated pairs
+    long_test_min_words: int = 0  # format = "tatoeba": hold out long sources as split "test_long" (0: off)
     # format = "flickr8k" (captioning)
     image_grid: str = "head"  # EfficientNet-Lite0 grid: "head" (7x7x1280) or "stage6" (14x14x112), ...
     feature_cache: str = "runs/features"  # CNN grids are computed once per image and encoder, kept here
@@ -228,7 +231,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
 LM_FORMATS = ("tinyshakespeare", "wikitext2")  # language-model corpora: one stream of text
 
 _CHOICES = {
-    ("model", "family"): ("transformer", "show_attend_tell", "transformer_captioner", "transformer_lm"),
+    ("model", "family"): ("transformer", "show_attend_tell", "transformer_captioner", "transformer_lm",
+                          "rnn_encdec", "rnnsearch", "conv_transformer"),
     ("model", "attention_score"): ("additive", "general", "dot", "scaled_dot"),
     ("model", "activation"): ("relu", "gelu"),
     ("model", "positional"): ("sinusoidal", "learned"),
@@ -248,6 +252,12 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
     if (m.family == "transformer_lm") != (cfg.data.format in LM_FORMATS):
         raise AttnkitError(f"{where}: model.family = 'transformer_lm' goes with data.format = "
                            f"{' or '.join(LM_FORMATS)}, not {m.family!r} with {cfg.data.format!r}")
+    if m.family in ("rnn_encdec", "rnnsearch", "conv_transformer") and cfg.data.format == "flickr8k":
+        raise AttnkitError(f"{where}: model.family = {m.family!r} translates text; data.format = 'flickr8k' "
+                           "goes with show_attend_tell or transformer_captioner")
+    if m.family == "conv_transformer" and (m.conv_kernel < 1 or m.conv_kernel % 2 == 0):
+        raise AttnkitError(f"{where}: model.conv_kernel = {m.conv_kernel} must be a positive odd number "
+                           "(the encoder's convolutions are centred)")
     if m.share_embeddings and not cfg.data.joint_vocab:
         raise AttnkitError(f"{where}: model.share_embeddings = true needs data.joint_vocab = true")
     if m.d_model % m.n_heads:

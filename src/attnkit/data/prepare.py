@@ -36,15 +36,42 @@ def load_split(cfg: DataConfig, split: str, data_dir: str | None = None) -> Para
 
 
 def tatoeba_split(cfg: DataConfig, split: str, data_dir: str | None = None) -> Parallel:
-    """Tatoeba has no official split: every 50th pair (offset 0) is validation, offset 25 test, the rest train."""
+    """Tatoeba has no official split: every 50th pair (offset 0) is validation, offset 25 test, the rest train.
+
+    With ``data.long_test_min_words = W > 0`` a fourth split, "test_long", takes every 3rd distinct
+    source sentence of at least W words out of the training pairs, with all of its translations.
+
+    Why this serves a BLEU-by-length comparison (``bench/bleu_by_length.py``): the export is ordered
+    by the English side's length in characters, shortest first, so taking every 50th pair is a
+    systematic sample stratified by length — valid and test follow the corpus's length distribution
+    and nothing is cut (``data.max_len`` drops long pairs from training only). No bucket is
+    favoured, and every system sees the same sentences.
+    But that tail is thin: of deu-eng's 169,813 pairs only 2,253 have 15 or more English words and
+    297 have 20 or more, so "test" holds 44 and 5 of them — too few for a bucket's BLEU.
+    "test_long" adds several hundred, held out by source sentence so that no long test sentence
+    was seen in training under another translation (the pair-level valid/test split does share
+    sources with train: Tatoeba often lists one sentence with several translations). Score by
+    length on test + test_long: BLEU is computed within each bucket, so how the buckets were
+    sampled does not bias it; only the union's overall BLEU is not comparable with test's.
+    """
     other = cfg.tgt_lang if cfg.src_lang == "en" else cfg.src_lang
     code = {"de": "deu", "fr": "fra"}.get(other, other)
     path = resolve_data_dir(data_dir or cfg.data_dir) / "tatoeba" / f"{code}-eng.zip"
     pairs = read_tatoeba(path, reverse=cfg.src_lang != "en")
+    if split == "test_long" and cfg.long_test_min_words <= 0:
+        raise AttnkitError("split 'test_long' needs data.long_test_min_words > 0")
+    held_out = _long_sources(pairs, cfg.long_test_min_words) if cfg.long_test_min_words > 0 else set()
     keep = {"valid": lambda i: i % 50 == 0, "test": lambda i: i % 50 == 25,
-            "train": lambda i: i % 50 not in (0, 25)}[split]
+            "train": lambda i: i % 50 not in (0, 25) and pairs.src[i] not in held_out,
+            "test_long": lambda i: i % 50 not in (0, 25) and pairs.src[i] in held_out}[split]
     idx = [i for i in range(len(pairs.src)) if keep(i)]
     return Parallel([pairs.src[i] for i in idx], [pairs.tgt[i] for i in idx], pairs.origin)
+
+
+def _long_sources(pairs: Parallel, min_words: int) -> set[str]:
+    """Every 3rd distinct source sentence of at least ``min_words`` words, in corpus order."""
+    long = dict.fromkeys(s for i, s in enumerate(pairs.src) if i % 50 not in (0, 25) and len(s.split()) >= min_words)
+    return set(list(long)[1::3])
 
 
 @dataclass
