@@ -46,7 +46,7 @@ multi30k-rnnsearch multi30k-rnnencdec: multi30k-%: $(STAMP)
 complexity: $(STAMP)
 	$(VENV)/bin/attnkit bench complexity
 
-FLICKR8K_TRAIN := $(VENV)/bin/attnkit train configs/flickr8k_sat.toml --run-dir runs/flickr8k_sat
+FLICKR8K_TRAIN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/flickr8k_sat.toml --run-dir runs/flickr8k_sat
 flickr8k: $(STAMP)
 	mkdir -p runs/flickr8k_sat && date +%s > runs/flickr8k_sat/started
 	$(RUN) $(FLICKR8K_TRAIN)
