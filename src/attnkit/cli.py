@@ -1,7 +1,7 @@
-"""The command line: ``attnkit train | translate | evaluate | align | plot-by-length | caption | generate | embed |
-average | demo | bench``.
+"""attnkit: train, decode, evaluate and show attention-based sequence models.
 
-Every user error (bad config key, misaligned files, broken checkpoint) ends as one line
+Subcommands: train, translate, evaluate, align, plot-by-length, caption, generate, embed, average,
+demo, bench. Every user error (bad config key, misaligned files, broken checkpoint) ends as one line
 on stderr and exit status 2.
 """
 
