@@ -49,6 +49,8 @@ complexity: $(STAMP)
 FLICKR8K_TRAIN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/flickr8k_sat.toml --run-dir runs/flickr8k_sat
 flickr8k: $(STAMP)
 	mkdir -p runs/flickr8k_sat && date +%s > runs/flickr8k_sat/started
+	$(RUN) $(PY) bench/extract_flickr8k_features.py --cache-dir runs/features --threads 2
+	date +%s > runs/flickr8k_sat/extracted
 	$(RUN) $(FLICKR8K_TRAIN)
 	date +%s > runs/flickr8k_sat/finished
 	$(RUN) $(PY) bench/flickr8k_captioning.py --run-dir runs/flickr8k_sat --train-command "$(FLICKR8K_TRAIN)"

@@ -47,18 +47,23 @@ def main() -> int:
         "".join(f"{p.name}\t{c.text[0]}\n" for p, c in zip(dev.images, out)), encoding="utf-8")
 
     meta = json.loads((path / "meta.json").read_text())
-    stamps = [run / "started", run / "finished"]
-    wall = (int(stamps[1].read_text()) - int(stamps[0].read_text())) / 60 if all(s.exists() for s in stamps) else None
+    def minutes(a: str, b: str) -> float | None:
+        if (run / a).exists() and (run / b).exists():
+            return round((int((run / b).read_text()) - int((run / a).read_text())) / 60, 2)
+        return None
+
     name = cfg.name
     write_results(
         args.out or f"bench/results/{name}.json", name,
-        command=f"{args.train_command} && python bench/flickr8k_captioning.py --run-dir {args.run_dir} "
+        command=f"python bench/extract_flickr8k_features.py --cache-dir runs/features --threads 2 && "
+                f"{args.train_command} && python bench/flickr8k_captioning.py --run-dir {args.run_dir} "
                 f"--beam {args.beam}",
         metrics={**{k: round(v, 2) for k, v in scores.items()},
                  "split": "Flickr8k dev (1000 images, 5 references each)",
                  "bleu_definition": "corpus BLEU, lowercased alphanumeric words, closest reference length, "
                                     "sacrebleu tokenize=none (equals NLTK corpus_bleu; tested)"},
-        wall_minutes_including_feature_extraction=None if wall is None else round(wall, 2),
+        wall_minutes_including_feature_extraction=minutes("started", "finished"),
+        feature_extraction_minutes=minutes("started", "extracted"),
         train_minutes=round(meta["progress"]["train_seconds"] / 60, 2), steps=meta["progress"]["step"],
         checkpoint=path.name, beam=args.beam, decode_seconds_dev=round(seconds, 1), model=cfg.model.family,
     )
