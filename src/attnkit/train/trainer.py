@@ -67,6 +67,7 @@ class Trainer:
         self.progress = Progress()
         if self.rank == 0:
             (self.run_dir / "config.toml").write_text(dump_toml(cfg), encoding="utf-8")
+            self._record_provenance()
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.writer = None
         if t.tensorboard:
@@ -76,6 +77,15 @@ class Trainer:
                 raise AttnkitError("train.tensorboard = true needs the tensorboard package (pip install tensorboard)") \
                     from None
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def _record_provenance(self) -> None:
+        """Append who started this run with what (command line, code, versions) to run.jsonl: resumes add lines."""
+        from attnkit.evaluate.results import git_commit, machine, versions
+
+        record = {"argv": sys.argv, "world_size": self.world, "git_commit": git_commit(), "versions": versions(),
+                  "machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        with open(self.run_dir / "run.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
 
     # --- state
 
