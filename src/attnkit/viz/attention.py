@@ -11,6 +11,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out, write (creating the folder) and close a figure."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def plot_attention(weights, source: list[str], target: list[str], path: str | Path, title: str = "") -> Path:
     """weights [len(target), len(source)]: row i is where output token i looked.
 
@@ -27,12 +37,7 @@ def plot_attention(weights, source: list[str], target: list[str], path: str | Pa
     ax.set_ylabel("output")
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_caption_attention(image, words: list[str], alphas, grid: tuple[int, int], path: str | Path,
@@ -65,9 +70,4 @@ def plot_caption_attention(image, words: list[str], alphas, grid: tuple[int, int
         ax.imshow(img)
         ax.imshow(m / max(m.max(), 1e-9), cmap="gray", alpha=0.6, vmin=0, vmax=1)
         ax.set_title(word, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)

@@ -9,14 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # no screen needed
 import matplotlib.pyplot as plt
 
-
-def _save(fig, path: str | Path, dpi: int = 120) -> Path:
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
+from attnkit.viz.attention import save_figure
 
 
 def bucket_label(row: dict) -> str:
@@ -55,7 +48,7 @@ def plot_bleu_by_length(systems: dict[str, list[dict]], path: str | Path, title:
     ax.legend()
     if title:
         ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 _NAMES = {"rnn": "RNN (GRU)", "conv": "convolution", "self_attention": "self-attention",
@@ -85,4 +78,4 @@ def plot_complexity(rows: list[dict], path: str | Path, title: str = "") -> Path
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
     fig.suptitle((title + ", " if title else "") + f"d = {', '.join(map(str, ds))} (darker = wider)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
