@@ -4,6 +4,8 @@
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
 # make complexity — attnkit bench complexity (RNN vs convolution vs self-attention; several minutes)
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
+# make bench — attnkit against torch.nn.MultiheadAttention, Hugging Face and CTranslate2 (attention op, training and
+#              translation throughput; needs the multi30k checkpoint), JSON into bench/results/
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -11,7 +13,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC))
 
-.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec complexity flickr8k lint clean
+.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec complexity flickr8k bench lint clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -54,6 +56,11 @@ flickr8k: $(STAMP)
 	$(RUN) $(FLICKR8K_TRAIN)
 	date +%s > runs/flickr8k_sat/finished
 	$(RUN) $(PY) bench/flickr8k_captioning.py --run-dir runs/flickr8k_sat --train-command "$(FLICKR8K_TRAIN)"
+
+bench: $(STAMP)
+	$(RUN) $(PY) bench/attention_op.py
+	$(RUN) $(PY) bench/train_throughput.py
+	$(RUN) $(PY) bench/translate_throughput.py
 
 clean:
 	rm -rf runs/demo

@@ -1,8 +1,8 @@
 """attnkit: train, decode, evaluate and show attention-based sequence models.
 
 Subcommands: train, translate, evaluate, align, plot-by-length, caption, generate, embed, average,
-demo, bench. Every user error (bad config key, misaligned files, broken checkpoint) ends as one line
-on stderr and exit status 2.
+export, import-marian, demo, bench. Every user error (bad config key, misaligned files, broken checkpoint)
+ends as one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -258,6 +258,22 @@ def cmd_average(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from attnkit.export import export
+
+    path, gap = export(args.checkpoint, args.to, args.output)
+    print(path)
+    print(f"max |log p - attnkit's| on a probe batch: {gap:.2e}", file=sys.stderr)
+    return 0
+
+
+def cmd_import_marian(args) -> int:
+    from attnkit.export import import_marian
+
+    print(import_marian(args.hf_dir, args.output))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from attnkit.demo import run_demo
 
@@ -342,6 +358,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoints", nargs="+")
     p.add_argument("--output", "-o", required=True)
     p.set_defaults(func=cmd_average)
+
+    p = sub.add_parser("export", help="write a Transformer checkpoint as a Hugging Face MarianMTModel, a "
+                                      "CTranslate2 model, or ONNX graphs (encoder, one decoder step)")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint or run directory")
+    p.add_argument("--to", required=True, choices=("huggingface", "ctranslate2", "onnx"))
+    p.add_argument("--output", "-o", required=True, help="the directory to write")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import-marian", help="a Hugging Face MarianMTModel directory -> an attnkit checkpoint")
+    p.add_argument("hf_dir")
+    p.add_argument("--output", "-o", required=True, help="the checkpoint directory to write")
+    p.set_defaults(func=cmd_import_marian)
 
     p = sub.add_parser("demo", help="train a small Transformer on dates -> ISO dates, show its attention")
     p.add_argument("--run-dir", default="runs/demo")

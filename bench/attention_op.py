@@ -1,0 +1,181 @@
+"""The attention op side by side: attnkit's MultiHeadAttention, torch.nn.MultiheadAttention, and the naive
+``softmax(Q K^T / sqrt(d)) V`` that builds the n x n matrix — forward, and forward + backward, causal and not.
+
+Batch 8, 8 heads of dimension 64 (d_model 512), sequence length n = 128 .. 4096. All three include the
+same input and output projections. Each case runs in its own process, so its peak memory is its own:
+the child reports its peak resident set (``VmHWM``) and the resident set before the op ran, whose
+difference is the memory the op needed (``op_mb``; the ratios use it). Times are medians of repeats
+after a warm-up, on ``--threads`` threads (default 1).
+
+    python bench/attention_op.py            # n = 128 .. 4096 -> bench/results/attention_op.json
+    python bench/attention_op.py --quick    # n = 128, 256 -> bench/results/attention_op_quick.json
+
+Targets (issue 6): >= 1.5x faster than torch.nn.MultiheadAttention at n = 1024 causal, and at n = 4096
+a peak at most 1/10 of the naive one's. A naive case that would not fit in memory is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BATCH, HEADS, D_HEAD = 8, 8, 64
+IMPLS = ("attnkit", "torch_mha", "naive")
+MODES = ("fwd", "fwd_bwd")
+
+
+def status_mb(field: str) -> float:
+    """VmRSS / VmHWM of this process in MiB (Linux /proc)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def naive_bytes(n: int, mode: str) -> int:
+    """What the naive op holds at its peak: the [B, H, n, n] scores, their softmax (and masked copy), and for
+    backward the gradients of both."""
+    return (3 if mode == "fwd" else 5) * BATCH * HEADS * n * n * 4
+
+
+def run_case(impl: str, mode: str, causal: bool, n: int, threads: int, budget_s: float) -> dict:
+    """In the child process: build the op, time it, report its peak memory."""
+    import torch
+    import torch.nn.functional as F
+
+    from attnkit.nn import MultiHeadAttention
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    d = HEADS * D_HEAD
+    if impl == "attnkit":
+        mha = MultiHeadAttention(d, HEADS)
+
+        def op(x):
+            return mha(x, causal=causal)[0]
+    elif impl == "torch_mha":
+        mha = torch.nn.MultiheadAttention(d, HEADS, batch_first=True)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(n) if causal else None
+
+        def op(x):
+            return mha(x, x, x, need_weights=False, attn_mask=mask, is_causal=causal)[0]
+    else:
+        mha = MultiHeadAttention(d, HEADS)  # only its projections: the attention is written out
+
+        def op(x):
+            q, k, v = (t.view(BATCH, n, HEADS, D_HEAD).transpose(1, 2) for t in mha.in_proj(x).chunk(3, -1))
+            scores = q @ k.transpose(-1, -2) / math.sqrt(D_HEAD)
+            if causal:
+                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            out = F.softmax(scores, dim=-1) @ v
+            return mha.out_proj(out.transpose(1, 2).reshape(BATCH, n, d))
+
+    x = torch.randn(BATCH, n, d, requires_grad=mode == "fwd_bwd")
+
+    def once():
+        if mode == "fwd":
+            with torch.no_grad():
+                op(x)
+        else:
+            op(x).sum().backward()
+            x.grad = None
+            mha.zero_grad(set_to_none=True)
+
+    before = status_mb("VmRSS")
+    once()  # warm-up
+    times, start = [], time.perf_counter()
+    while len(times) < 5 and (len(times) < 2 or time.perf_counter() - start < budget_s):
+        t = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - t)
+    peak = status_mb("VmHWM")
+    times.sort()
+    return {"ms": 1000 * times[len(times) // 2], "repeats": len(times), "peak_mb": round(peak, 1),
+            "op_mb": round(peak - before, 1)}
+
+
+def spawn(impl: str, mode: str, causal: bool, n: int, threads: int, budget_s: float) -> dict:
+    cmd = [sys.executable, __file__, "--case", impl, mode, str(int(causal)), str(n), "--threads", str(threads),
+           "--budget", str(budget_s)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def key(mode: str, causal: bool, n: int) -> str:
+    return f"{mode}/{'causal' if causal else 'full'}/n={n}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="n = 128, 256 only (seconds)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--budget", type=float, default=3.0, help="seconds of repeats per case (at least 2 repeats)")
+    ap.add_argument("--out", help="default bench/results/attention_op.json (attention_op_quick.json with --quick)")
+    ap.add_argument("--case", nargs=4, metavar=("IMPL", "MODE", "CAUSAL", "N"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.case:
+        impl, mode, causal, n = args.case
+        print(json.dumps(run_case(impl, mode, causal == "1", int(n), args.threads, args.budget)))
+        return 0
+
+    lengths = [128, 256] if args.quick else [128, 256, 512, 1024, 2048, 4096]
+    systems: dict[str, dict] = {impl: {} for impl in IMPLS}
+    for n in lengths:
+        for mode in MODES:
+            for causal in (False, True):
+                for impl in IMPLS:
+                    if impl == "naive" and naive_bytes(n, mode) > 0.7 * mem_available():
+                        r = {"skipped": f"would need about {naive_bytes(n, mode) / 2**30:.1f} GiB"}
+                    else:
+                        r = spawn(impl, mode, causal, n, args.threads, args.budget)
+                    systems[impl][key(mode, causal, n)] = r
+                    shown = f"{r['ms']:9.1f} ms  peak {r['peak_mb']:7.0f} MB  op {r['op_mb']:7.0f} MB" \
+                        if "ms" in r else r.get("skipped") or r.get("error")
+                    print(f"{impl:>9} {key(mode, causal, n):<22} {shown}", flush=True)
+
+    def ratio(a: dict, b: dict, field: str) -> float | None:
+        return round(a[field] / b[field], 3) if field in a and field in b and b[field] > 0 else None
+
+    ours = systems["attnkit"]
+    ratios = {"torch_mha_time_over_attnkit": {k: ratio(systems["torch_mha"][k], v, "ms") for k, v in ours.items()},
+              "naive_time_over_attnkit": {k: ratio(systems["naive"][k], v, "ms") for k, v in ours.items()},
+              "naive_op_memory_over_attnkit": {k: ratio(systems["naive"][k], v, "op_mb") for k, v in ours.items()}}
+    n_speed = 1024 if 1024 in lengths else lengths[-1]
+    n_mem = lengths[-1]
+    speed = {m: ratios["torch_mha_time_over_attnkit"][key(m, True, n_speed)] for m in MODES}
+    memory = {m: ratios["naive_op_memory_over_attnkit"][key(m, True, n_mem)] for m in MODES}
+    metrics = {f"speedup_vs_torch_mha_causal_n{n_speed}": speed, f"naive_memory_over_attnkit_causal_n{n_mem}": memory,
+               "targets": {"speedup_vs_torch_mha_causal_n1024": 1.5, "naive_memory_over_attnkit_n4096": 10.0}}
+    for m in MODES:
+        print(f"{m}: torch.nn.MultiheadAttention / attnkit time at n={n_speed} causal: {speed[m]}; "
+              f"naive / attnkit op memory at n={n_mem} causal: {memory[m]}")
+
+    from attnkit.evaluate.results import write_results
+
+    out = args.out or f"bench/results/attention_op{'_quick' if args.quick else ''}.json"
+    command = "python bench/attention_op.py" + (" --quick" if args.quick else "") + f" --threads {args.threads}"
+    write_results(out, "attention_op", command, metrics, systems=systems, ratios=ratios, quick=args.quick,
+                  shape={"batch": BATCH, "heads": HEADS, "d_head": D_HEAD, "lengths": lengths},
+                  threads=args.threads)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Training throughput side by side: attnkit's Transformer against the same architecture as a Hugging Face
+``MarianMTModel``, both trained by the same plain loop on the same real Multi30k batches.
+
+Both start from the same weights (attnkit's initialisation, copied into Marian by the exporter's map),
+run the same loss (label-smoothed cross entropy summed over target tokens), backward, clipping and
+Adam step, in training mode with the config's dropout. Throughput counts non-pad target tokens per
+second of training steps. The machine's fp32 matmul peak is measured here with large square
+matmuls; each system's fraction of it is its model FLOPs per second (three times the forward
+FLOPs, counted by ``torch.utils.flop_counter`` on attnkit's model: the same architecture needs the
+same FLOPs, however an implementation spends them) over that peak.
+
+    python bench/train_throughput.py            # 60 timed steps each -> bench/results/train_throughput.json
+    python bench/train_throughput.py --quick    # 4 steps on 2000 pairs -> train_throughput_quick.json
+
+Targets (issue 6): >= 1.2x Hugging Face's tokens/s, and >= 60% of the matmul peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from attnkit.config import load_config
+from attnkit.data import build_tokenizers, collate, encode_pairs, load_split, token_batches
+from attnkit.evaluate.results import write_results
+from attnkit.export.huggingface import copy_to_marian, marian_config
+from attnkit.models import PAD, build_model
+from attnkit.train import label_smoothed_nll
+
+
+def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 GFLOP/s of ``A @ B`` for square [size, size] matrices on ``threads`` threads."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best / 1e9
+
+
+def forward_flops(model, batches) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.eval()
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        for b in batches:
+            model(b.src, b.tgt_in)
+    return counter.get_total_flops()
+
+
+def train_steps(forward, params, batches, cfg, warmup: int) -> tuple[float, int]:
+    """-> (seconds of the timed steps, their non-pad target tokens). The first ``warmup`` steps are not timed."""
+    t = cfg.train
+    opt = torch.optim.Adam(params, lr=t.lr, betas=t.betas, eps=t.eps, fused=True)
+    seconds, tokens = 0.0, 0
+    for i, b in enumerate(batches):
+        start = time.perf_counter()
+        loss, _ = label_smoothed_nll(forward(b), b.tgt_out, t.label_smoothing)
+        n = int(b.tgt_out.ne(PAD).sum())
+        (loss / n).backward()
+        torch.nn.utils.clip_grad_norm_(params, t.clip_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            seconds += time.perf_counter() - start
+            tokens += n
+    return seconds, tokens
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/multi30k_en_de.toml")
+    ap.add_argument("--steps", type=int, default=60, help="timed steps per system")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--spm", default="runs/multi30k_en_de/spm.model",
+                    help="the run's SentencePiece model, if there (else one is trained on the training data)")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--quick", action="store_true", help="4 timed steps on 2000 pairs, a small matmul")
+    ap.add_argument("--out", help="default bench/results/train_throughput.json (..._quick.json with --quick)")
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.warmup = 4, 1
+
+    cfg = load_config(args.config)
+    if args.quick:
+        cfg.data.max_train_pairs = 2000
+    torch.set_num_threads(args.threads)
+    pairs = load_split(cfg.data, "train", args.data_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        if Path(args.spm).exists() and cfg.data.joint_vocab:
+            shutil.copyfile(args.spm, Path(tmp) / "spm.model")
+        toks = build_tokenizers(cfg.data, pairs, Path(tmp))
+        data = encode_pairs(toks, pairs, cfg.data.max_len)
+    order = token_batches([len(s) for s in data.src], [len(t) for t in data.tgt], cfg.train.max_tokens,
+                          seed=cfg.train.seed)[: args.warmup + args.steps]
+    batches = [collate([data.src[i] for i in idx], [data.tgt[i] for i in idx], idx) for idx in order]
+
+    peak = matmul_peak(args.threads, 1024 if args.quick else 2048)
+    torch.manual_seed(cfg.train.seed)
+    ours = build_model(cfg.model, toks.src.vocab_size, toks.tgt.vocab_size)
+    model_flops = 3 * forward_flops(ours, batches[args.warmup:])  # forward + backward (twice the forward)
+    from transformers import MarianMTModel
+
+    hf = MarianMTModel(marian_config(cfg, toks.src.vocab_size, toks.tgt.vocab_size))
+    copy_to_marian(ours, hf)  # the same initial weights
+
+    systems = {}
+    for name, model, forward in (
+        ("attnkit", ours, lambda b: ours(b.src, b.tgt_in)),
+        ("huggingface_marian", hf, lambda b: hf(input_ids=b.src, attention_mask=b.src.ne(PAD),
+                                                decoder_input_ids=b.tgt_in).logits),
+    ):
+        model.train()
+        seconds, tokens = train_steps(forward, list(model.parameters()), batches, cfg, args.warmup)
+        achieved = model_flops / seconds / 1e9
+        systems[name] = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
+                         "target_tokens": tokens, "model_gflop_per_s": round(achieved, 2),
+                         "fraction_of_matmul_peak": round(achieved / peak, 4)}
+        print(f"{name:>18}: {tokens / seconds:8.0f} target tokens/s, {achieved:6.1f} GFLOP/s "
+              f"({100 * achieved / peak:.1f}% of the {peak:.0f} GFLOP/s matmul peak)", flush=True)
+
+    speedup = systems["attnkit"]["tokens_per_s"] / systems["huggingface_marian"]["tokens_per_s"]
+    print(f"attnkit / Hugging Face: {speedup:.2f}x")
+    metrics = {"tokens_per_s": systems["attnkit"]["tokens_per_s"], "speedup_vs_huggingface": round(speedup, 3),
+               "fraction_of_matmul_peak": systems["attnkit"]["fraction_of_matmul_peak"],
+               "matmul_peak_gflop_per_s": round(peak, 1),
+               "targets": {"speedup_vs_huggingface": 1.2, "fraction_of_matmul_peak": 0.6}}
+    out = args.out or f"bench/results/train_throughput{'_quick' if args.quick else ''}.json"
+    command = " ".join(["python", *sys.argv])
+    write_results(out, "train_throughput", command, metrics, systems=systems,
+                  ratios={"attnkit_over_huggingface_tokens_per_s": round(speedup, 3)}, quick=args.quick,
+                  config=args.config, steps=args.steps, warmup=args.warmup, threads=args.threads,
+                  model_flops_per_timed_step=model_flops // max(1, args.steps))
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

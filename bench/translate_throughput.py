@@ -1,0 +1,160 @@
+"""Translation throughput side by side on the same weights: attnkit, Hugging Face ``generate`` (the
+MarianMTModel export) and CTranslate2 (fp32, and int8 as a reference), greedy and beam 5, batches of 1
+and 64 sentences of the test_2016_flickr source.
+
+Every system decodes the same sentences, sorted by length and cut into the same batches, within
+attnkit's length limit (``max_len_a * source + max_len_b``; per sentence for attnkit, the batch's
+longest for the others). Throughput is output tokens (subwords, EOS excluded) per second. Checked on
+the way: attnkit's batched greedy output equals its unbatched one, and the Hugging Face and
+CTranslate2 fp32 greedy outputs equal attnkit's; BLEU of every run shows what int8 costs.
+
+    python bench/translate_throughput.py            # all 1000 sentences -> bench/results/translate_throughput.json
+    python bench/translate_throughput.py --quick    # 16 sentences -> translate_throughput_quick.json
+
+Targets (issue 6): at batch 64 at least as fast as CTranslate2 fp32; at batch 1 >= 3x Hugging Face.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from attnkit.data import load_split, pad
+from attnkit.decode import generate, max_lengths
+from attnkit.evaluate import bleu
+from attnkit.evaluate.results import write_results
+from attnkit.models import EOS, PAD
+from attnkit.train import load_checkpoint
+
+
+def attnkit_decoder(model):
+    def decode(src, lens, beam, len_penalty):
+        return [h[0].tokens for h in generate(model, src, lens, beam_size=beam, len_penalty=len_penalty)]
+    return decode
+
+
+def hf_decoder(hf):
+    def decode(src, lens, beam, len_penalty):
+        # num_beams always: the export's generation_config defaults to the checkpoint's beam size;
+        # early_stopping: stop at beam-many finished hypotheses, as attnkit's beam search does (beam only)
+        search = {"length_penalty": len_penalty, "early_stopping": True} if beam > 1 else {}
+        out = hf.generate(input_ids=src, attention_mask=src.ne(PAD), num_beams=beam, do_sample=False,
+                          max_length=int(lens.max()) + 1, **search)
+        rows = []
+        for row, limit in zip(out.tolist(), lens.tolist()):
+            row = row[1:1 + limit]
+            rows.append(row[:row.index(EOS)] if EOS in row else row[:limit - 1])
+        return rows
+    return decode
+
+
+def ct2_decoder(translator, toks):
+    from attnkit.export.ct2 import ct2_generate
+
+    def decode(src, lens, beam, len_penalty):
+        ids = [[int(i) for i in row if i != PAD] for row in src]
+        return ct2_generate(translator, toks, ids, lens.tolist(), beam_size=beam, len_penalty=len_penalty,
+                            batch_size=len(ids))
+    return decode
+
+
+@torch.no_grad()
+def run(decode, batches, beam: int, len_penalty: float) -> tuple[list[list[int]], float]:
+    """-> (outputs in batch order, seconds)."""
+    outputs, start = [], time.perf_counter()
+    for src, lens in batches:
+        outputs += decode(src, lens, beam, len_penalty)
+    return outputs, time.perf_counter() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default="runs/multi30k_en_de/checkpoints/averaged")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--sentences", type=int, default=0, help="the first N test sentences (0: all)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="16 sentences")
+    ap.add_argument("--out", help="default bench/results/translate_throughput.json (..._quick.json with --quick)")
+    args = ap.parse_args()
+    if args.quick:
+        args.sentences = 16
+    torch.set_num_threads(args.threads)
+
+    from attnkit.export import ct2
+    from attnkit.export.huggingface import export_huggingface, load_marian
+
+    model, cfg, toks, path = load_checkpoint(args.checkpoint)
+    test = load_split(cfg.data, "test", args.data_dir)
+    n = args.sentences or len(test.src)
+    sources, refs = test.src[:n], test.tgt[:n]
+    ids = [s + [EOS] for s in toks.src.encode(sources)]
+    order = sorted(range(n), key=lambda i: (len(ids[i]), i))  # the same length-sorted batches for everyone
+    d = cfg.decode
+
+    def batches(size):
+        out = []
+        for k in range(0, n, size):
+            chunk = [ids[i] for i in order[k:k + size]]
+            out.append((pad(chunk), max_lengths(torch.tensor([len(s) - 1 for s in chunk]), d.max_len_a,
+                                                d.max_len_b)))
+        return out
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = load_marian(export_huggingface(path, Path(tmp) / "marian"))
+        ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
+        decoders = {"attnkit": attnkit_decoder(model), "huggingface": hf_decoder(hf),
+                    "ctranslate2_fp32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),
+                    "ctranslate2_int8": ct2_decoder(ct2.translator(ct2_dir, "int8", args.threads), toks)}
+        systems: dict[str, dict] = {name: {} for name in decoders}
+        outputs = {}
+        for beam in (1, 5):
+            for size in (1, 64):
+                runs = batches(size)
+                for name, decode in decoders.items():
+                    out, seconds = run(decode, runs, beam, d.len_penalty)
+                    tokens = sum(len(o) for o in out)
+                    in_order = [None] * n
+                    for i, o in zip(order, out):
+                        in_order[i] = o
+                    outputs[name, beam, size] = in_order
+                    score = bleu([toks.tgt.decode(o) for o in in_order], refs).score
+                    label = f"{'greedy' if beam == 1 else f'beam{beam}'}/batch{size}"
+                    systems[name][label] = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
+                                            "tokens": tokens, "bleu": round(score, 2)}
+                    print(f"{name:>17} {label:<14} {tokens / seconds:8.0f} tokens/s  BLEU {score:5.2f}", flush=True)
+
+    greedy = outputs["attnkit", 1, 64]
+    checks = {"attnkit_batched_greedy_equals_unbatched": sum(a == b for a, b in zip(greedy, outputs["attnkit", 1, 1])),
+              "huggingface_greedy_equals_attnkit": sum(a == b for a, b in zip(greedy, outputs["huggingface", 1, 64])),
+              "ctranslate2_fp32_greedy_equals_attnkit": sum(a == b for a, b in
+                                                            zip(greedy, outputs["ctranslate2_fp32", 1, 64])),
+              "sentences": n}
+    print("identical outputs (of", n, "):", {k: v for k, v in checks.items() if k != "sentences"})
+
+    def speed(name, label):
+        return systems[name][label]["tokens_per_s"]
+
+    ratios = {f"attnkit_over_{other}/{label}": round(speed("attnkit", label) / speed(other, label), 3)
+              for other in ("huggingface", "ctranslate2_fp32", "ctranslate2_int8") for label in systems["attnkit"]}
+    metrics = {"checks": checks,
+               "attnkit_over_ctranslate2_fp32_batch64": {m: ratios[f"attnkit_over_ctranslate2_fp32/{m}/batch64"]
+                                                         for m in ("greedy", "beam5")},
+               "attnkit_over_huggingface_batch1": {m: ratios[f"attnkit_over_huggingface/{m}/batch1"]
+                                                   for m in ("greedy", "beam5")},
+               "targets": {"attnkit_over_ctranslate2_fp32_batch64": 1.0, "attnkit_over_huggingface_batch1": 3.0}}
+    print("attnkit / CTranslate2 fp32 at batch 64:", metrics["attnkit_over_ctranslate2_fp32_batch64"],
+          "| attnkit / Hugging Face at batch 1:", metrics["attnkit_over_huggingface_batch1"])
+    out = args.out or f"bench/results/translate_throughput{'_quick' if args.quick else ''}.json"
+    write_results(out, "translate_throughput", " ".join(["python", *sys.argv]), metrics, systems=systems,
+                  ratios=ratios, quick=args.quick, checkpoint=str(path), sentences=n, threads=args.threads)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

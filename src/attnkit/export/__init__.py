@@ -1,0 +1,69 @@
+"""Export a trained Transformer to other engines, and import Hugging Face Marian models.
+
+- ``huggingface``: a ``MarianMTModel`` directory (the same architecture; see :mod:`.huggingface`),
+- ``ctranslate2``: converted from that directory with CTranslate2's converter (:mod:`.ct2`),
+- ``onnx``: the encoder and one decoder step, the key/value cache explicit (:mod:`.onnx_export`).
+
+Each export checks itself: :func:`export` returns the largest log-probability difference to attnkit
+on a small teacher-forced batch (ONNX: over a few decoding steps).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from attnkit.errors import AttnkitError
+from attnkit.export.huggingface import empty_output, export_huggingface, import_marian, marian_order
+
+FORMATS = ("huggingface", "ctranslate2", "onnx")
+
+
+def _probe_batch(model, n: int = 4, src_len: int = 9, tgt_len: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random teacher-forced batch (ids of real words, the second half of the rows padded)."""
+    from attnkit.data import collate
+
+    g = torch.Generator().manual_seed(0)
+
+    def ids(length, embedding):
+        return torch.randint(4, embedding.tokens.num_embeddings, (length,), generator=g).tolist()
+
+    src = [ids(src_len if i < n // 2 else src_len - 3, model.src_embed) for i in range(n)]
+    tgt = [ids(tgt_len if i < n // 2 else tgt_len - 2, model.tgt_embed) for i in range(n)]
+    b = collate(src, tgt, list(range(n)))
+    return b.src, b.tgt_in
+
+
+def export(checkpoint: str | Path, to: str, out: str | Path) -> tuple[Path, float]:
+    """-> (the output directory, max |log p difference| to attnkit on a probe batch)."""
+    from attnkit.models import Transformer
+    from attnkit.train import load_checkpoint
+
+    if to not in FORMATS:
+        raise AttnkitError(f"--to {to}: expected one of {', '.join(FORMATS)}")
+    empty_output(out)  # before the minutes of work, not after
+    model, cfg, toks, _ = load_checkpoint(checkpoint)
+    if not isinstance(model, Transformer):
+        raise AttnkitError(f"{checkpoint}: model.family = {cfg.model.family!r}; only the Transformer "
+                           "encoder-decoder exports")
+    src, tgt_in = _probe_batch(model)
+    if to == "huggingface":
+        from attnkit.export.huggingface import load_marian, log_prob_gap
+
+        path = export_huggingface(checkpoint, out)
+        return path, log_prob_gap(model, load_marian(path), src, tgt_in)
+    if to == "ctranslate2":
+        from attnkit.export import ct2
+
+        path = ct2.export_ctranslate2(checkpoint, out)
+        src_ids = [[int(i) for i in row if i] for row in src]
+        tgt_ids = [[int(i) for i in row[1:] if i] for row in tgt_in]
+        return path, ct2.log_prob_gap(model, ct2.translator(path), toks, src_ids, tgt_ids)
+    from attnkit.export.onnx_export import OnnxTransformer, export_onnx, step_gap
+
+    path = export_onnx(checkpoint, out)
+    return path, step_gap(model, OnnxTransformer(path), src)
+
+
+__all__ = ["FORMATS", "export", "export_huggingface", "import_marian", "marian_order"]
