@@ -74,7 +74,8 @@ def main() -> int:
         feature_extraction_minutes=minutes("started", "extracted"),
         train_minutes=round(meta["progress"]["train_seconds"] / 60, 2), steps=meta["progress"]["step"],
         checkpoint=path.name, beam=args.beam,
-        last_checkpoint={"checkpoint": last_path.name, **{k: round(v, 2) for k, v in last_scores.items()}}, decode_seconds_dev=round(seconds, 1), model=cfg.model.family,
+        last_checkpoint={"checkpoint": last_path.name, **{k: round(v, 2) for k, v in last_scores.items()}},
+        decode_seconds_dev=round(seconds, 1), model=cfg.model.family,
     )
     return 0
 
