@@ -28,6 +28,8 @@ def main() -> int:
     ap.add_argument("--run-dir", default="runs/flickr8k_sat")
     ap.add_argument("--train-command", required=True)
     ap.add_argument("--beam", type=int, default=3)
+    ap.add_argument("--checkpoint", help="the checkpoint to report (default: averaged if the run wrote one, "
+                                         "else best); the others are scored beside it")
     ap.add_argument("--data-dir")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -49,10 +51,17 @@ def main() -> int:
             "".join(f"{p.name}\t{c.text[0]}\n" for p, c in zip(dev.images, out)), encoding="utf-8")
         return cfg, path, scores, seconds
 
-    # Flickr8k's test captions are not in the data: the best checkpoint is chosen on dev BLEU-4 during
-    # training and scored on dev, so the last checkpoint's score is reported beside it
-    cfg, path, scores, seconds = score("best")
-    _, last_path, last_scores, _ = score("last")
+    # Flickr8k's test captions are not in the data and validation runs on dev, so "best" is chosen on the split
+    # it is scored on; the reported checkpoint is fixed before the run instead (the config's average_last, or
+    # --checkpoint), and the others are scored beside it
+    which = args.checkpoint or ("averaged" if (run / "checkpoints" / "averaged").exists() else "best")
+    cfg, path, scores, seconds = score(which)
+    others = {}
+    for other in ("best", "last"):
+        if other != which:
+            _, other_path, other_scores, _ = score(other)
+            others[f"{other}_checkpoint"] = {"checkpoint": other_path.name,
+                                             **{k: round(v, 2) for k, v in other_scores.items()}}
     meta = json.loads((path / "meta.json").read_text())
 
     def minutes(a: str, b: str) -> float | None:
@@ -65,7 +74,7 @@ def main() -> int:
         args.out or f"bench/results/{name}.json", name,
         command=f"python bench/extract_flickr8k_features.py --cache-dir runs/features --threads 2 && "
                 f"{args.train_command} && python bench/flickr8k_captioning.py --run-dir {args.run_dir} "
-                f"--beam {args.beam}",
+                f"--beam {args.beam}" + (f" --checkpoint {args.checkpoint}" if args.checkpoint else ""),
         metrics={**{k: round(v, 2) for k, v in scores.items()},
                  "split": "Flickr8k dev (1000 images, 5 references each)",
                  "bleu_definition": "corpus BLEU, lowercased alphanumeric words, closest reference length, "
@@ -73,8 +82,7 @@ def main() -> int:
         wall_minutes_including_feature_extraction=minutes("started", "finished"),
         feature_extraction_minutes=minutes("started", "extracted"),
         train_minutes=round(meta["progress"]["train_seconds"] / 60, 2), steps=meta["progress"]["step"],
-        checkpoint=path.name, beam=args.beam,
-        last_checkpoint={"checkpoint": last_path.name, **{k: round(v, 2) for k, v in last_scores.items()}},
+        checkpoint=path.name, beam=args.beam, **others,
         decode_seconds_dev=round(seconds, 1), model=cfg.model.family,
     )
     return 0

@@ -200,15 +200,33 @@ def test_load_image_resizes_other_sizes(tmp_path):
 
 
 def _counting(model: EfficientNetLite0) -> list[int]:
-    """Count the images ``forward_features`` sees (an instance attribute shadows the method)."""
-    seen, forward = [], model.forward_features
+    """Count the images extraction feeds the encoder's fused copy (instance attributes shadow the methods)."""
+    seen, make_fast = [], model.for_inference
 
-    def counted(images, *args, **kwargs):
-        seen.append(images.shape[0])
-        return forward(images, *args, **kwargs)
+    def for_inference():
+        fast = make_fast()
+        forward = fast.forward_features
 
-    model.forward_features = counted
+        def counted(images, *args, **kwargs):
+            seen.append(images.shape[0])
+            return forward(images, *args, **kwargs)
+
+        fast.forward_features = counted
+        return fast
+
+    model.for_inference = for_inference
     return seen
+
+
+def test_fused_copy_computes_the_same_grids(pretrained):
+    fast = pretrained.for_inference()
+    images = _inputs(2)
+    with torch.no_grad():
+        expected = pretrained.forward_features(images)
+        got = fast.forward_features(images.contiguous(memory_format=torch.channels_last))
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fast.modules())
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-4)
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in pretrained.modules())  # the original is untouched
 
 
 def test_cache_is_reused_and_invalidated_by_new_weights(tmp_path):

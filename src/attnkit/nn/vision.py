@@ -19,6 +19,7 @@ configures the same checkpoint with mean = std = 0.5 on [0, 1] pixels, the same 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from attnkit.errors import AttnkitError
 from attnkit.packages import package_file
@@ -160,6 +162,19 @@ class EfficientNetLite0(nn.Module):
         for block in self.blocks[:last]:
             x = block(x)
         return self.head(x) if grid == "head" else x
+
+    def for_inference(self) -> EfficientNetLite0:
+        """A frozen copy for fast extraction: each BatchNorm folded into its conv, weights in channels_last.
+
+        Same function to float rounding (max abs difference about 1e-4 on the head grid); 1.9x faster here on
+        CPU, where depthwise convolutions run much faster in channels_last. Feed it channels_last images.
+        """
+        fast = copy.deepcopy(self).eval().requires_grad_(False)
+        for module in fast.modules():
+            if isinstance(module, ConvBN):
+                module.conv = fuse_conv_bn_eval(module.conv, module.bn)
+                module.bn = nn.Identity()
+        return fast.to(memory_format=torch.channels_last)
 
     def forward(self, images: Tensor) -> Tensor:
         """images [B, 3, 224, 224] (``normalize``d) -> ImageNet logits [B, num_classes]."""
