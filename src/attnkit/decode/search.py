@@ -60,35 +60,38 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
     max_lens [N]; ``prefix`` [N, P] forces the first P output tokens (a language model's prompt);
     ``on_token`` is called after every step with the tokens just chosen [N] (EOS once a row ended), to stream them.
     """
-    n = max_lens.size(0)
+    n, limit = max_lens.size(0), int(max_lens.max())
+    rows = torch.arange(n)  # the batch row of each sentence still decoding; finished ones leave the batch
     tokens = torch.full((n,), BOS, dtype=torch.long)
-    outputs, scores, attns = [], torch.zeros(n), []
-    finished = torch.zeros(n, dtype=torch.bool)
-    for t in range(int(max_lens.max())):
+    out = torch.full((n, limit), EOS, dtype=torch.long)
+    scores, attn_all, steps = torch.zeros(n), None, 0
+    for t in range(limit):
         log_probs, state, attn = model.step(tokens, state, need_weights)
         if prefix is not None and t < prefix.size(1):
-            tokens = prefix[:, t]
+            tokens = prefix[rows, t]
         elif temperature == 0:
             tokens = log_probs.argmax(-1)
         else:
             logits = filter_logits(log_probs / temperature, top_k, top_p)
             tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
-        tokens = torch.where(t + 1 >= max_lens, torch.full_like(tokens, EOS), tokens)  # force an end
-        tokens = tokens.masked_fill(finished, EOS)
-        scores += log_probs.gather(1, tokens[:, None]).squeeze(1).masked_fill(finished, 0.0)
-        outputs.append(tokens)
-        if on_token is not None:
-            on_token(tokens)
+        tokens = torch.where(t + 1 >= max_lens[rows], torch.full_like(tokens, EOS), tokens)  # force an end
+        scores[rows] += log_probs.gather(1, tokens[:, None]).squeeze(1)
+        out[rows, t] = tokens
+        steps = t + 1
         if attn is not None:
-            attns.append(attn)
-        finished |= tokens.eq(EOS)
-        if finished.all():
+            if attn_all is None:
+                attn_all = attn.new_zeros(n, limit, attn.size(-1))  # [N, T, S]
+            attn_all[rows, t] = attn
+        if on_token is not None:
+            on_token(out[:, t])
+        going = tokens.ne(EOS)
+        if not going.any():
             break
-    out = torch.stack(outputs, 1)
-    attn_all = torch.stack(attns, 1) if attns else None  # [N, T, S]
+        if not going.all():  # drop finished sentences, so later steps compute only the live ones
+            keep = going.nonzero().squeeze(1)
+            state, rows, tokens = state.select(keep), rows[keep], tokens[keep]
     hyps = []
-    for i in range(n):
-        row = out[i].tolist()
+    for i, row in enumerate(out[:, :steps].tolist()):
         length = row.index(EOS) if EOS in row else len(row)
         hyps.append(Hypothesis(row[:length], float(scores[i]),
                                None if attn_all is None else attn_all[i, : length + 1]))
