@@ -3,6 +3,7 @@
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
 # make complexity — attnkit bench complexity (RNN vs convolution vs self-attention; several minutes)
+# make tinyshakespeare, wikitext2 — the GPT recipes (30 and 60 training minutes), then their results JSON
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 # make bench — attnkit against torch.nn.MultiheadAttention, Hugging Face and CTranslate2 (attention op, training and
 #              translation throughput; needs the multi30k checkpoint), JSON into bench/results/
@@ -13,7 +14,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC))
 
-.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec complexity flickr8k bench lint clean
+.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec complexity flickr8k tinyshakespeare wikitext2 bench lint clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -56,6 +57,13 @@ flickr8k: $(STAMP)
 	$(RUN) $(FLICKR8K_TRAIN)
 	date +%s > runs/flickr8k_sat/finished
 	$(RUN) $(PY) bench/flickr8k_captioning.py --run-dir runs/flickr8k_sat --train-command "$(FLICKR8K_TRAIN)"
+
+LM_CONFIG_tinyshakespeare := tinyshakespeare_char
+LM_CONFIG_wikitext2 := wikitext2_word
+LM_TRAIN = OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/$(1).toml --run-dir runs/$(1)
+tinyshakespeare wikitext2: %: $(STAMP)
+	$(RUN) $(call LM_TRAIN,$(LM_CONFIG_$*))
+	$(RUN) $(PY) bench/language_model.py --run-dir runs/$(LM_CONFIG_$*) --train-command "$(call LM_TRAIN,$(LM_CONFIG_$*))"
 
 bench: $(STAMP)
 	$(RUN) $(PY) bench/attention_op.py

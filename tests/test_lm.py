@@ -13,11 +13,12 @@ import torch.nn.functional as F
 
 from attnkit.cli import main
 from attnkit.config import PRESETS, ExperimentConfig, ModelConfig, config_from_dict
-from attnkit.data import CharTokenizer, WordVocab, block_batch, stream_blocks
+from attnkit.data import CharTokenizer, WordVocab, block_batch, shifted_blocks, stream_blocks
 from attnkit.decode import beam_search, complete, filter_logits, greedy, sample
 from attnkit.errors import AttnkitError
 from attnkit.evaluate import language_model_scores
 from attnkit.models import BOS, EOS, PAD, UNK, TransformerLM, build_model
+from attnkit.train.tasks import LanguageModelTask
 
 VOCAB = 24
 
@@ -203,6 +204,36 @@ def test_block_batch_shifts_each_block_behind_bos():
     assert b.tgt_out.tolist() == [[12, 13, PAD, PAD], [4, 5, 6, 7]]
     assert b.tgt_in.tolist() == [[BOS, 12, 13, PAD], [BOS, 4, 5, 6]]
     assert b.src.shape == (2, 0) and b.n_tokens == 6
+
+
+def test_shifted_blocks_are_windows_of_the_stream():
+    stream = torch.arange(4, 14)  # 10 ids
+    assert shifted_blocks(stream, [0, 1, 2], 4, 0).tolist() == stream_blocks(stream, 4).tolist()
+    assert shifted_blocks(stream, [2, 0], 4, 3).tolist() == [[PAD] * 4, [7, 8, 9, 10]]
+    assert shifted_blocks(stream, [1], 4, 3).tolist() == [[11, 12, 13, PAD]]
+
+
+def test_training_batches_move_their_windows_and_validation_stays_put(tmp_path):
+    cfg = config_from_dict({"model": {"preset": "lm_tiny", "family": "transformer_lm"},
+                            "data": {"format": "tinyshakespeare", "block_size": 8}})
+    g = torch.Generator().manual_seed(0)
+    text = "".join(chr(97 + int(i)) for i in torch.randint(0, 26, (400,), generator=g))
+    task = LanguageModelTask(cfg, tmp_path, texts={"train": [text], "valid": [text[:80]]})
+    windows = task.train_stream.unfold(0, 8, 1)  # [393, 8]: every window of the stream
+
+    def start(row):  # where in the stream this row begins (random text: the window is unique)
+        return int((windows == row).all(1).nonzero()[0])
+
+    offsets = set()
+    for indices in ([0, 1], [1, 0], [3, 5, 7], [2], [4, 6]):
+        b = task.batch("train", indices)
+        assert b.indices == indices and b.tgt_in[:, 0].eq(BOS).all()
+        starts = [start(row) for row in b.tgt_out]  # every row is a window of the training stream...
+        assert [s - i * 8 for s, i in zip(starts, indices)] == [starts[0] - indices[0] * 8] * len(indices)
+        offsets.add(starts[0] - indices[0] * 8)  # ...all cut at one offset per batch
+    assert len(offsets) > 1 and all(0 <= o < 8 for o in offsets)
+    assert torch.equal(task.batch("train", [3, 5, 7]).tgt_out, task.batch("train", [3, 5, 7]).tgt_out)
+    assert torch.equal(task.batch("valid", [1]).tgt_out, task.blocks["valid"][[1]])
 
 
 # --- tokenizers

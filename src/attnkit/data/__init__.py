@@ -23,7 +23,14 @@ from attnkit.data.images import (
     read_flickr8k_tokens,
 )
 from attnkit.data.prepare import Encoded, Tokenizers, build_tokenizers, encode_pairs, load_split, load_tokenizers
-from attnkit.data.text import CharTokenizer, block_batch, read_tinyshakespeare, read_wikitext2, stream_blocks
+from attnkit.data.text import (
+    CharTokenizer,
+    block_batch,
+    read_tinyshakespeare,
+    read_wikitext2,
+    shifted_blocks,
+    stream_blocks,
+)
 from attnkit.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_tokenizer
 from attnkit.data.vocab import WordVocab, words
 from attnkit.data.wordpiece import WordPiece
@@ -62,6 +69,7 @@ __all__ = [
     "read_tinyshakespeare",
     "read_wikitext2",
     "resolve_data_dir",
+    "shifted_blocks",
     "stream_blocks",
     "token_batches",
     "train_tokenizer", "WordPiece", "WordVocab", "words",

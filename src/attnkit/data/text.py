@@ -112,3 +112,14 @@ def block_batch(blocks: Tensor, indices: list[int]) -> Batch:
     out = blocks[indices]
     tgt_in = torch.cat([torch.full((out.size(0), 1), BOS, dtype=torch.long), out[:, :-1]], dim=1)
     return Batch(src=out.new_zeros(out.size(0), 0), tgt_in=tgt_in, tgt_out=out, indices=list(indices))
+
+
+def shifted_blocks(stream: Tensor, indices: list[int], block_size: int, offset: int) -> Tensor:
+    """Blocks ``indices`` of the stream cut ``offset`` tokens later than ``stream_blocks`` cuts it: [B, block_size].
+
+    Training with a fresh offset per batch shows each epoch other windows of the text (nanoGPT samples
+    random windows for the same reason); the tail past the stream's end is PAD.
+    """
+    starts = offset + torch.tensor(indices, dtype=torch.long) * block_size
+    padded = torch.cat([stream, torch.full((block_size + offset,), PAD, dtype=torch.long)])
+    return padded[starts[:, None] + torch.arange(block_size)]

@@ -26,6 +26,7 @@ from attnkit.data import (
     load_tokenizers,
     read_tinyshakespeare,
     read_wikitext2,
+    shifted_blocks,
     stream_blocks,
     words,
 )
@@ -219,6 +220,8 @@ class LanguageModelTask:
             stream = torch.tensor([i for ids in self.tokenizer.encode(texts[split]) for i in ids], dtype=torch.long)
             blocks = stream_blocks(stream, cfg.data.block_size)
             self.blocks[split] = blocks[:limit] if limit else blocks
+            if split == "train":
+                self.train_stream = stream[: self.blocks[split].numel()]
 
     @staticmethod
     def read(cfg: ExperimentConfig, split: str, data_dir: str | None = None) -> list[str]:
@@ -262,7 +265,14 @@ class LanguageModelTask:
         return [0] * n, [self.cfg.data.block_size - 1] * n
 
     def batch(self, split: str, indices: list[int]) -> Batch:
-        return block_batch(self.blocks[split], indices)
+        if split != "train":
+            return block_batch(self.blocks[split], indices)
+        # each training batch cuts the stream at its own offset, a function of its indices only (the same on
+        # every rank and after a resume); batches are composed afresh each epoch, so the windows change too
+        offset = hash(tuple(indices)) % self.cfg.data.block_size  # ints hash alike in every process
+        blocks = shifted_blocks(self.train_stream, indices, self.cfg.data.block_size, offset)
+        b = block_batch(blocks, list(range(len(indices))))
+        return Batch(b.src, b.tgt_in, b.tgt_out, list(indices))
 
     def loss(self, model, b: Batch, label_smoothing: float):
         return label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, label_smoothing)

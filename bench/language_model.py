@@ -1,0 +1,81 @@
+"""Score a finished language-model run on its validation split and write bench/results/<name>.json.
+
+Validation loss (nats per token) and perplexity over every token of the split, and bits per character
+for a character model, of the checkpoint the run chose (``best`` by validation loss, or --checkpoint),
+with the validation curve against training minutes from the run's metrics.jsonl.
+
+    python bench/language_model.py --run-dir runs/tinyshakespeare_char --train-command "..."
+
+Targets (issue 5): Tiny Shakespeare validation loss <= 1.60 within 30 training minutes;
+WikiText-2 validation perplexity <= 130 within 60.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnkit.config import load_config
+from attnkit.evaluate import language_model_scores
+from attnkit.evaluate.results import write_results
+from attnkit.train import load_checkpoint
+from attnkit.train.tasks import LanguageModelTask
+
+TARGETS = {"tinyshakespeare": ("valid_loss", 1.60, 30), "wikitext2": ("valid_ppl", 130.0, 60)}
+
+
+def curve(run: Path) -> list[dict]:
+    """Validation records of metrics.jsonl, each with the training minutes of the last training record before it."""
+    out, minutes = [], 0.0
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "minutes" in r:
+            minutes = r["minutes"]
+        if "valid_loss" in r:
+            out.append({"step": r["step"], "train_minutes": round(minutes, 2),
+                        **{k: round(v, 4) for k, v in r.items() if k.startswith("valid_")}})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--train-command", required=True, help="the command that trained the run, recorded verbatim")
+    ap.add_argument("--checkpoint", default="best")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--out", help="default: bench/results/<the run's config name>.json")
+    args = ap.parse_args()
+
+    run = Path(args.run_dir)
+    cfg = load_config(run / "config.toml")
+    model, cfg, _, path = load_checkpoint(run / "checkpoints" / args.checkpoint)
+    task = LanguageModelTask(cfg, run, args.data_dir)  # the run's own tokenizer, from run_dir
+    characters = cfg.data.format == "tinyshakespeare"
+    s = language_model_scores(model, task.blocks["valid"], max(1, cfg.train.max_tokens // cfg.data.block_size),
+                              characters=characters)
+    meta = json.loads((path / "meta.json").read_text())
+    progress = meta["progress"]
+    metric, target, minutes = TARGETS[cfg.data.format]
+    metrics = {"valid_loss": round(s["loss"], 4), "valid_ppl": round(s["ppl"], 2), "valid_tokens": s["tokens"],
+               **({"valid_bpc": round(s["bpc"], 4)} if characters else {}),
+               "target": {metric: target, "train_minutes": minutes}}
+    print(json.dumps(metrics), file=sys.stderr)
+    out = args.out or f"bench/results/{cfg.name}.json"
+    write_results(
+        out, cfg.name,
+        command=f"{args.train_command} && python bench/language_model.py --run-dir {args.run_dir}"
+                + (f" --checkpoint {args.checkpoint}" if args.checkpoint != "best" else ""),
+        metrics=metrics, checkpoint=path.name, step=progress["step"],
+        train_minutes=round(progress["train_seconds"] / 60, 2),
+        tokens_per_s=round(progress["train_tokens"] / max(progress["train_seconds"], 1e-9), 1),
+        parameters=sum(p.numel() for p in model.parameters()), curve=curve(run),
+        split=("last 10% of the text (characters)" if characters else "WikiText-2 valid (words, <eos> per line)"),
+    )
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
