@@ -138,6 +138,24 @@ def test_sdpa_fast_path_equals_explicit_path(causal, padded):
     assert _maxdiff(fast, slow) <= 1e-5
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_single_query_path_equals_explicit_path(padded):
+    """A decoding step (one query, no gradient) takes two batched matmuls instead of SDPA: same outputs."""
+    ours, _ = _pair(6)
+    x, memory = torch.randn(4, 1, D), torch.randn(4, 7, D)
+    kpm = _padding([7, 5, 2, 1], 7) if padded else None
+    with torch.no_grad():
+        static = ours.project_memory(memory)
+        fast, none, _ = ours(x, key_padding_mask=kpm, static_kv=static)
+        slow, w, _ = ours(x, memory, key_padding_mask=kpm, need_weights=True)
+    assert none is None and w is not None
+    assert _maxdiff(fast, slow) <= 1e-5
+    if padded:  # pads change nothing: the third row attends over its 2 real keys only
+        with torch.no_grad():
+            alone, _, _ = ours(x[2:3], memory[2:3, :2])
+        assert _maxdiff(fast[2:3], alone) <= 1e-5
+
+
 def test_incremental_self_attention_with_cache_equals_causal():
     ours, _ = _pair(5)
     x = torch.randn(2, 6, D)

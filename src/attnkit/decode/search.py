@@ -120,11 +120,13 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
     attn_history = None
     tokens = torch.full((n * k,), BOS, dtype=torch.long)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    for t in range(int(max_lens.max())):
+    limits = max_lens.tolist()
+    for t in range(max(limits)):
         log_probs, state, attn = model.step(tokens, state, need_weights)
         m, v = len(live), log_probs.size(-1)
-        last = torch.tensor([t + 1 >= int(max_lens[s]) for s in live])
-        if last.any():  # at the length limit only EOS may follow
+        last = [t + 1 >= limits[s] for s in live]
+        if any(last):  # at the length limit only EOS may follow
+            last = torch.tensor(last)
             forced = torch.full_like(log_probs.view(m, k, v), float("-inf"))
             forced[..., EOS] = log_probs.view(m, k, v)[..., EOS]
             log_probs = torch.where(last[:, None, None], forced, log_probs.view(m, k, v)).view(m * k, v)
@@ -132,9 +134,10 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
         top_scores, top_idx = cand.topk(2 * k, dim=1)
         top_beam, top_token = top_idx // v, top_idx % v
         next_rows, next_scores, next_tokens, done = [], [], [], []
-        for j, s in enumerate(live):
+        top = zip(top_scores.tolist(), top_beam.tolist(), top_token.tolist())  # one conversion, not one per row
+        for j, (s, (row_scores, row_beams, row_tokens)) in enumerate(zip(live, top)):
             chosen = []
-            for score, beam, token in zip(top_scores[j].tolist(), top_beam[j].tolist(), top_token[j].tolist()):
+            for score, beam, token in zip(row_scores, row_beams, row_tokens):
                 if score == float("-inf"):
                     break
                 row = j * k + beam
