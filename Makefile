@@ -4,6 +4,7 @@
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
 # make complexity — attnkit bench complexity (RNN vs convolution vs self-attention; several minutes)
 # make tinyshakespeare, wikitext2 — the GPT recipes (30 and 60 training minutes), then their results JSON
+# make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 45 min), JSON + plot
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 # make bench — attnkit against torch.nn.MultiheadAttention, Hugging Face and CTranslate2 (attention op, training and
 #              translation throughput; needs the multi30k checkpoint), JSON into bench/results/
@@ -14,7 +15,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC))
 
-.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec complexity flickr8k tinyshakespeare wikitext2 bench lint clean
+.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -64,6 +65,17 @@ LM_TRAIN = OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit 
 tinyshakespeare wikitext2: %: $(STAMP)
 	$(RUN) $(call LM_TRAIN,$(LM_CONFIG_$*))
 	$(RUN) $(PY) bench/language_model.py --run-dir runs/$(LM_CONFIG_$*) --train-command "$(call LM_TRAIN,$(LM_CONFIG_$*))"
+
+TORCHRUN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train
+TRANSFER_PRE := $(TORCHRUN) configs/transfer_pretrain_wikitext2.toml --run-dir runs/transfer/pretrain
+TRANSFER_FINE := $(TORCHRUN) configs/transfer_finetune_tinyshakespeare.toml --run-dir runs/transfer/finetune --set train.init_from=runs/transfer/pretrain
+TRANSFER_SCRATCH := $(TORCHRUN) configs/transfer_finetune_tinyshakespeare.toml --run-dir runs/transfer/scratch
+transfer: $(STAMP)
+	$(PY) bench/transfer.py tokenizer --out runs/transfer/spm.model
+	$(RUN) $(TRANSFER_PRE)
+	$(RUN) $(TRANSFER_FINE)
+	$(RUN) $(TRANSFER_SCRATCH)
+	$(PY) bench/transfer.py report --commands "$(TRANSFER_PRE) && $(TRANSFER_FINE) && $(TRANSFER_SCRATCH)"
 
 bench: $(STAMP)
 	$(RUN) $(PY) bench/attention_op.py

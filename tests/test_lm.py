@@ -314,3 +314,61 @@ def test_generate_streams_a_continuation(shakespeare_run, capsys):
 def test_generate_refuses_a_translation_checkpoint(trained_checkpoint, capsys):
     assert main(["generate", "--checkpoint", str(trained_checkpoint), "--prompt", "x"]) == 2
     assert "not a language model" in capsys.readouterr().err
+
+
+# --- transfer: a shared SentencePiece model, then fine-tuning from another run's weights
+
+
+def _spm_lm_config(run_name: str, spm_model: str, **train) -> ExperimentConfig:
+    cfg = ExperimentConfig(name=run_name)
+    cfg.model = lm_config(d_model=32, n_heads=2, d_ff=64)
+    cfg.data = dataclasses.replace(cfg.data, format="wikitext2", block_size=32, lm_tokenizer="spm",
+                                   spm_model=spm_model)
+    cfg.train = dataclasses.replace(cfg.train, seed=1, max_tokens=256, max_steps=3, lr=1e-3, schedule="constant",
+                                    warmup_steps=0, label_smoothing=0.0, eval_every=0, save_every=0, progress=False,
+                                    threads=1, **train)
+    return cfg
+
+
+def test_spm_language_model_ends_lines_with_eos(tmp_path):
+    from attnkit.data import EOS, train_tokenizer
+
+    lines = ["the cat sat on the mat <eos>", " <eos>", "a dog ran <eos>"] * 30
+    spm_path = train_tokenizer([line.removesuffix("<eos>") for line in lines], tmp_path / "shared.model", 40).path
+    cfg = _spm_lm_config("spm", str(spm_path))
+    task = LanguageModelTask(cfg, tmp_path / "run", texts={"train": lines, "valid": lines[:3]})
+    assert (tmp_path / "run" / "spm.model").read_bytes() == spm_path.read_bytes()  # a copy: the run stands alone
+    stream = task.train_stream.tolist()
+    assert stream.count(EOS) == len(lines)  # one EOS per line, the written <eos> dropped
+    first = stream[: stream.index(EOS)]
+    assert task.tokenizer.decode(first) == "the cat sat on the mat"
+
+    shakespeare = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format="tinyshakespeare"))
+    assert LanguageModelTask.lines(shakespeare, ["First:\nSpeak.\n"]) == ["First:", "Speak.", ""]
+
+
+def test_init_from_starts_from_the_pretrained_weights_and_checks_the_tokenizer(tmp_path):
+    from attnkit.data import train_tokenizer
+    from attnkit.train import Trainer, load_checkpoint
+
+    lines = [f"word{i % 7} and word{i % 5} <eos>" for i in range(200)]
+    texts = {"train": lines, "valid": lines[:20]}
+    shared = train_tokenizer([line.removesuffix("<eos>") for line in lines], tmp_path / "shared.model", 30).path
+    pre_cfg = _spm_lm_config("pre", str(shared))
+    pre = Trainer(pre_cfg, tmp_path / "pre", task=LanguageModelTask(pre_cfg, tmp_path / "pre", texts=texts))
+    pre.train()
+    pretrained, _, _, _ = load_checkpoint(tmp_path / "pre" / "checkpoints" / "last")
+
+    cfg = _spm_lm_config("fine", str(shared), init_from=str(tmp_path / "pre"))
+    fine = Trainer(cfg, tmp_path / "fine", task=LanguageModelTask(cfg, tmp_path / "fine", texts=texts))
+    for (name, a), b in zip(fine.model.state_dict().items(), pretrained.state_dict().values()):
+        assert torch.equal(a, b), name
+    torch.manual_seed(0)
+    scratch = Trainer(_spm_lm_config("scratch", str(shared)), tmp_path / "scratch",
+                      task=LanguageModelTask(_spm_lm_config("scratch", str(shared)), tmp_path / "scratch", texts=texts))
+    assert not torch.equal(scratch.model.embed.tokens.weight, fine.model.embed.tokens.weight)
+
+    other = train_tokenizer([f"other words {i}" for i in range(100)], tmp_path / "other.model", 30).path
+    bad = _spm_lm_config("bad", str(other), init_from=str(tmp_path / "pre"))
+    with pytest.raises(AttnkitError, match="init_from.*spm.model"):
+        Trainer(bad, tmp_path / "bad", task=LanguageModelTask(bad, tmp_path / "bad", texts=texts))

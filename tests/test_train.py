@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.config import TrainConfig
+from attnkit.config import TrainConfig, load_config
 from attnkit.data import generate_dates, load_tokenizers, token_batches
 from attnkit.errors import AttnkitError
 from attnkit.train import (
@@ -309,3 +310,9 @@ def test_gradient_accumulation_equals_one_update_on_the_union(tmp_path):
     loss, _ = t.task.loss(ref, one_batch, cfg.train.label_smoothing)
     (loss / one_batch.n_tokens).backward()
     assert not torch.allclose(ref.src_embed.tokens.weight.grad, seen["src_embed.tokens.weight"], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)  # types, choices and cross-field checks
+    assert cfg.name == path.stem

@@ -71,6 +71,8 @@ class DataConfig:
     min_word_count: int = 5  # rarer caption words become <unk>
     # language models (tinyshakespeare: characters; wikitext2: the corpus's words): the text is one stream
     block_size: int = 256  # tokens per training example, cut contiguously from the stream
+    lm_tokenizer: str = "corpus"  # corpus: characters (tinyshakespeare), words (wikitext2); spm: SentencePiece
+    spm_model: str = ""  # lm_tokenizer = "spm": use this SentencePiece model (e.g. one shared with pretraining)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class TrainConfig:
     save_every: int = 1000
     keep_last: int = 5
     average_last: int = 0  # average this many last checkpoints at the end (0: off)
+    init_from: str = ""  # fine-tuning: a checkpoint (or run dir) whose weights start this run; same tokenizer
     best_metric: str = "bleu"  # bleu | loss
     threads: int = 0  # 0: torch's default
     tensorboard: bool = False
@@ -238,6 +241,7 @@ _CHOICES = {
     ("model", "positional"): ("sinusoidal", "learned"),
     ("data", "format"): ("multi30k", "tatoeba", "parallel", "dates", "flickr8k", "tinyshakespeare", "wikitext2"),
     ("data", "spm_model_type"): ("unigram", "bpe", "char"),
+    ("data", "lm_tokenizer"): ("corpus", "spm"),
     ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "constant"),
     ("train", "best_metric"): ("bleu", "loss"),
 }

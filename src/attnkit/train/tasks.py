@@ -8,15 +8,18 @@ checkpoint (tokenizers, vocabularies).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
 
 from attnkit.config import LM_FORMATS, ExperimentConfig
 from attnkit.data import (
+    EOS,
     Batch,
     CharTokenizer,
     Parallel,
+    Tokenizer,
     WordVocab,
     block_batch,
     build_tokenizers,
@@ -28,6 +31,7 @@ from attnkit.data import (
     read_wikitext2,
     shifted_blocks,
     stream_blocks,
+    train_tokenizer,
     words,
 )
 from attnkit.decode import translate
@@ -198,6 +202,10 @@ class LanguageModelTask:
     """One stream of text cut into contiguous blocks of ``data.block_size`` tokens: Tiny Shakespeare by
     character, WikiText-2 by the corpus's own words (``<eos>`` ending each line). Each block is one example.
 
+    With ``data.lm_tokenizer = "spm"`` both are cut into SentencePiece subwords instead, one line at a
+    time with EOS for the line break, from ``data.spm_model`` if given: one model shared by two corpora
+    lets a model pretrained on one be fine-tuned on the other (``train.init_from``).
+
     The tokenizer is built from the training text only. The trainer reports validation loss and
     perplexity; character models add bits per character.
     """
@@ -217,7 +225,7 @@ class LanguageModelTask:
         self.tokenizer = self.load_tokenizer(cfg, Path(run_dir))
         self.blocks = {}
         for split, limit in (("train", cfg.data.max_train_pairs), ("valid", cfg.data.max_valid_pairs)):
-            stream = torch.tensor([i for ids in self.tokenizer.encode(texts[split]) for i in ids], dtype=torch.long)
+            stream = torch.tensor(self.encode(cfg, self.tokenizer, texts[split]), dtype=torch.long)
             blocks = stream_blocks(stream, cfg.data.block_size)
             self.blocks[split] = blocks[:limit] if limit else blocks
             if split == "train":
@@ -231,11 +239,37 @@ class LanguageModelTask:
         return read_wikitext2(data_dir, split)
 
     @staticmethod
+    def lines(cfg: ExperimentConfig, texts: list[str]) -> list[str]:
+        """For SentencePiece: the text line by line, without WikiText's written ``<eos>`` (EOS takes its place)."""
+        if cfg.data.format == "tinyshakespeare":
+            return [line for text in texts for line in text.split("\n")]
+        return [line.removesuffix("<eos>").rstrip() for line in texts]
+
+    @staticmethod
+    def encode(cfg: ExperimentConfig, tokenizer, texts: list[str]) -> list[int]:
+        """The whole split as one stream of ids."""
+        if cfg.data.lm_tokenizer == "spm":
+            return [i for ids in tokenizer.encode(LanguageModelTask.lines(cfg, texts)) for i in (*ids, EOS)]
+        return [i for ids in tokenizer.encode(texts) for i in ids]
+
+    @staticmethod
     def tokenizer_file(cfg: ExperimentConfig) -> str:
+        if cfg.data.lm_tokenizer == "spm":
+            return "spm.model"
         return "chars.json" if cfg.data.format == "tinyshakespeare" else "vocab.txt"
 
     @staticmethod
     def build_tokenizer(cfg: ExperimentConfig, train: list[str], path: Path):
+        if cfg.data.lm_tokenizer == "spm":
+            if cfg.data.spm_model:  # a copy in the run dir: the run stays self-contained
+                source = Path(cfg.data.spm_model)
+                if not source.is_file():
+                    raise AttnkitError(f"data.spm_model = {cfg.data.spm_model!r}: no such file")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, path)
+                return Tokenizer(path)
+            return train_tokenizer(LanguageModelTask.lines(cfg, train), path, cfg.data.vocab_size,
+                                   cfg.data.spm_model_type)
         if cfg.data.format == "tinyshakespeare":
             return CharTokenizer.build("".join(train), path)
         return WordVocab.build(train, path, min_count=1, pretokenized=True)  # WikiText has its own <unk>s
@@ -243,6 +277,8 @@ class LanguageModelTask:
     @staticmethod
     def load_tokenizer(cfg: ExperimentConfig, directory: Path):
         path = Path(directory) / LanguageModelTask.tokenizer_file(cfg)
+        if cfg.data.lm_tokenizer == "spm":
+            return Tokenizer(path)
         if cfg.data.format == "tinyshakespeare":
             return CharTokenizer(path)
         return WordVocab(path, pretokenized=True)
@@ -278,7 +314,7 @@ class LanguageModelTask:
         return label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, label_smoothing)
 
     def scores(self, model) -> dict:
-        if self.cfg.data.format != "tinyshakespeare":
+        if self.cfg.data.format != "tinyshakespeare" or self.cfg.data.lm_tokenizer != "corpus":
             return {}  # the trainer's valid_loss and valid_ppl say it all
         batch_blocks = max(1, self.cfg.train.max_tokens // self.cfg.data.block_size)
         return {"valid_bpc": language_model_scores(model, self.blocks["valid"], batch_blocks, characters=True)["bpc"]}

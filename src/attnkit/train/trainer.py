@@ -57,6 +57,8 @@ class Trainer:
         self.task = task or make_task(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world, self.rank)
         torch.manual_seed(cfg.train.seed)
         self.model = self.task.build_model()
+        if cfg.train.init_from:
+            self.init_from(cfg.train.init_from)
         self.forward_model = self.model
         if self.world > 1:
             torch.manual_seed(cfg.train.seed + 1000 * self.rank)  # same initial weights, different dropout
@@ -95,6 +97,19 @@ class Trainer:
             for name, value in state.items():
                 tensors[f"optim.{i}.{name}"] = torch.as_tensor(value).clone()
         return tensors
+
+    def init_from(self, path: str | Path) -> None:
+        """Start from another run's weights (fine-tuning): the model and its tokenizer files must match."""
+        path = Path(path)
+        if not (path / "model.safetensors").exists() and (path / "checkpoints" / "last").exists():
+            path = (path / "checkpoints" / "last").resolve()
+        path = resolve_checkpoint(path)
+        for mine in self.task.files:
+            theirs = path / Path(mine).name
+            if not theirs.is_file() or theirs.read_bytes() != Path(mine).read_bytes():
+                raise AttnkitError(f"train.init_from: {theirs} is not this run's {Path(mine).name}: fine-tuning "
+                                   "needs the pretrained model's tokenizer (e.g. data.spm_model, shared)")
+        load_weights(self.model, path / "model.safetensors")
 
     def resume(self, path: str | Path) -> None:
         """Load weights, optimizer moments, RNG and data position from a checkpoint (or a run's last one)."""

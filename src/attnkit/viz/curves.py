@@ -79,3 +79,18 @@ def plot_complexity(rows: list[dict], path: str | Path, title: str = "") -> Path
     axes[0].legend(fontsize=8)
     fig.suptitle((title + ", " if title else "") + f"d = {', '.join(map(str, ds))} (darker = wider)", fontsize=10)
     return save_figure(fig, path)
+
+
+def plot_curves(series: dict[str, list[tuple[float, float]]], path: str | Path, xlabel: str, ylabel: str,
+                title: str = "") -> Path:
+    """series: name -> [(x, y), ...], e.g. validation loss against training step, one line each."""
+    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    for name, points in series.items():
+        ax.plot([x for x, _ in points], [y for _, y in points], marker=".", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    return save_figure(fig, path)
