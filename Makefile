@@ -4,7 +4,7 @@
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
 # make complexity — attnkit bench complexity (RNN vs convolution vs self-attention; several minutes)
 # make tinyshakespeare, wikitext2 — the GPT recipes (30 and 60 training minutes), then their results JSON
-# make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 45 min), JSON + plot
+# make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 # make bench — attnkit against torch.nn.MultiheadAttention, Hugging Face and CTranslate2 (attention op, training and
 #              translation throughput; needs the multi30k checkpoint), JSON into bench/results/
