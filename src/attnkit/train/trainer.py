@@ -44,6 +44,14 @@ class Progress:
     history: list[str] = field(default_factory=list)  # checkpoint directory names, oldest first
 
 
+def checkpoint_of(path: str | Path) -> Path:
+    """A checkpoint directory, or a run directory standing for its last checkpoint."""
+    path = Path(path)
+    if not (path / "model.safetensors").exists() and (path / "checkpoints" / "last").exists():
+        path = (path / "checkpoints" / "last").resolve()
+    return resolve_checkpoint(path)
+
+
 class Trainer:
     """Trains ``task``'s model (by default a TranslationTask built from ``cfg``) into ``run_dir``."""
 
@@ -100,10 +108,7 @@ class Trainer:
 
     def init_from(self, path: str | Path) -> None:
         """Start from another run's weights (fine-tuning): the model and its tokenizer files must match."""
-        path = Path(path)
-        if not (path / "model.safetensors").exists() and (path / "checkpoints" / "last").exists():
-            path = (path / "checkpoints" / "last").resolve()
-        path = resolve_checkpoint(path)
+        path = checkpoint_of(path)
         for mine in self.task.files:
             theirs = path / Path(mine).name
             if not theirs.is_file() or theirs.read_bytes() != Path(mine).read_bytes():
@@ -113,10 +118,7 @@ class Trainer:
 
     def resume(self, path: str | Path) -> None:
         """Load weights, optimizer moments, RNG and data position from a checkpoint (or a run's last one)."""
-        path = Path(path)
-        if not (path / "model.safetensors").exists() and (path / "checkpoints" / "last").exists():
-            path = (path / "checkpoints" / "last").resolve()
-        path = resolve_checkpoint(path)
+        path = checkpoint_of(path)
         load_weights(self.model, path / "model.safetensors")
         tensors = read_trainer_state(path)
         meta = read_meta(path)
