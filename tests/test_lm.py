@@ -64,7 +64,11 @@ def toy_lm() -> TransformerLM:
 # --- the model
 
 
-@pytest.mark.parametrize("overrides", [{}, {"norm_first": False, "positional": "sinusoidal", "activation": "relu"}])
+ADAPTIVE = {"share_embeddings": False, "adaptive_softmax": (8, 16)}  # head: 8 words + 2 clusters of 8
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": False, "positional": "sinusoidal", "activation": "relu"},
+                                       ADAPTIVE])
 @torch.no_grad()
 def test_logits_never_see_the_future(overrides):
     model = make_lm(**overrides)
@@ -79,7 +83,7 @@ def test_logits_never_see_the_future(overrides):
 
 
 @pytest.mark.parametrize("overrides", [{}, {"norm_first": False, "positional": "sinusoidal"},
-                                       {"share_embeddings": False}])
+                                       {"share_embeddings": False}, ADAPTIVE])
 @torch.no_grad()
 def test_cached_steps_equal_teacher_forcing(overrides):
     model = make_lm(seed=2, **overrides)
@@ -91,6 +95,33 @@ def test_cached_steps_equal_teacher_forcing(overrides):
         assert (log_probs - full[:, t]).abs().max() <= 1e-5
         assert attn.shape == (3, t + 1) and torch.allclose(attn.sum(-1), torch.ones(3), atol=1e-5)
         state = state.select(torch.arange(3))  # reordering by identity changes nothing
+
+
+def test_adaptive_softmax_is_a_distribution_and_its_training_loss_is_its_likelihood():
+    model = make_lm(seed=3, **ADAPTIVE)
+    x = torch.cat([torch.full((2, 1), BOS), torch.randint(4, VOCAB, (2, 9))], 1)
+    y = torch.arange(4, VOCAB).view(2, 10)  # targets in the head (< 8) and in both tail clusters
+    y[1, 7:] = PAD  # padding is never scored
+    log_probs = model(None, x)
+    assert torch.allclose(log_probs.logsumexp(-1), torch.zeros(2, 10), atol=1e-5)
+    direct = -log_probs.gather(-1, y[..., None]).squeeze(-1)[y.ne(PAD)].sum()
+    assert torch.allclose(model(None, x, targets=y), direct, atol=1e-4)
+    untied = make_lm(seed=3, share_embeddings=False)
+    full = F.cross_entropy(untied(None, x).flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum")
+    assert torch.allclose(untied(None, x, targets=y), full, atol=1e-4)
+
+
+def test_adaptive_softmax_configs_are_checked():
+    table = {"model": {"family": "transformer_lm", "preset": "lm_tiny", "adaptive_softmax": [2000, 10000]},
+             "data": {"format": "wikitext2"}, "train": {"label_smoothing": 0.0}}
+    with pytest.raises(AttnkitError, match="share_embeddings = false"):
+        config_from_dict(table)
+    table["model"]["share_embeddings"] = False
+    assert config_from_dict(table).model.adaptive_softmax == (2000, 10000)
+    with pytest.raises(AttnkitError, match="increasing"):
+        config_from_dict(table | {"model": table["model"] | {"adaptive_softmax": [10000, 2000]}})
+    with pytest.raises(AttnkitError, match="last cutoff"):
+        build_model(lm_config(**ADAPTIVE | {"adaptive_softmax": (8, 24)}), 0, VOCAB)
 
 
 def test_embeddings_tied_and_presets_sized_like_gpt2():

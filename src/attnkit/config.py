@@ -42,6 +42,9 @@ class ModelConfig:
     attention_score: str = "additive"  # show_attend_tell, rnnsearch: additive (Bahdanau), general, dot, scaled_dot
     attention_penalty: float = 1.0  # show_attend_tell: lambda of the doubly stochastic regulariser
     conv_kernel: int = 3  # conv_transformer: the convolutional encoder's kernel width k (odd)
+    # transformer_lm: cutoffs of an adaptive softmax (Grave et al. 2017), e.g. [2000, 10000]: the frequent words
+    # get a full-width softmax, rarer ones narrower clusters. Empty: one softmax over the whole vocabulary.
+    adaptive_softmax: tuple[int, ...] = ()
 
 
 @dataclass
@@ -130,6 +133,10 @@ def _coerce(value, typ, where: str):
     origin = typing.get_origin(typ)
     if origin is tuple:
         args = typing.get_args(typ)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[int, ...]: a list of any length
+            if not isinstance(value, (list, tuple)):
+                raise AttnkitError(f"{where}: expected a list, got {value!r}")
+            return tuple(_coerce(v, args[0], where) for v in value)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise AttnkitError(f"{where}: expected a list of {len(args)} numbers, got {value!r}")
         return tuple(_coerce(v, a, where) for v, a in zip(value, args))
@@ -264,6 +271,18 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
                            "(the encoder's convolutions are centred)")
     if m.share_embeddings and not cfg.data.joint_vocab:
         raise AttnkitError(f"{where}: model.share_embeddings = true needs data.joint_vocab = true")
+    if m.adaptive_softmax:
+        if m.family != "transformer_lm":
+            raise AttnkitError(f"{where}: model.adaptive_softmax is for model.family = 'transformer_lm'")
+        if list(m.adaptive_softmax) != sorted(set(m.adaptive_softmax)) or m.adaptive_softmax[0] <= 0:
+            raise AttnkitError(f"{where}: model.adaptive_softmax = {list(m.adaptive_softmax)} must be increasing "
+                               "positive cutoffs")
+        if m.share_embeddings:
+            raise AttnkitError(f"{where}: model.adaptive_softmax cannot be tied to the input embedding; "
+                               "set model.share_embeddings = false")
+        if cfg.train.label_smoothing:
+            raise AttnkitError(f"{where}: model.adaptive_softmax trains on the plain likelihood; "
+                               "set train.label_smoothing = 0")
     if m.d_model % m.n_heads:
         raise AttnkitError(f"{where}: model.d_model = {m.d_model} is not divisible by model.n_heads = {m.n_heads}")
     fractions = [("model", "dropout"), ("model", "attention_dropout"), ("model", "activation_dropout"),

@@ -2,7 +2,9 @@
 
 It is the Transformer's decoder without cross-attention: a stack of causal self-attention
 layers (attnkit.nn's EncoderLayer with ``causal=True``), pre-LN by default with a final
-LayerNorm, and the output projection tied to the token embedding.
+LayerNorm, and the output projection tied to the token embedding. With ``adaptive_softmax`` cutoffs the
+output is an adaptive softmax instead (Grave et al. 2017): a large word vocabulary costs most of a small
+model's compute in its full softmax, and the adaptive one spends full width only on the frequent words.
 
 An LM reads no source. Its "memory" only says how many sequences to generate; a prompt is
 fed through the cache token by token, as the forced prefix of ``attnkit.decode.sample``.
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
+from attnkit.errors import AttnkitError
 from attnkit.models.transformer import PAD
 from attnkit.nn import EncoderLayer, KVCache, TokenEmbedding, make_positional
 
@@ -56,26 +59,48 @@ class TransformerLM(nn.Module):
             for _ in range(cfg.n_decoder_layers))
         # pre-LN leaves the residual stream unnormalised; post-LN already ends in a norm
         self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        self.output = nn.Linear(d, vocab_size, bias=False)
-        if cfg.share_embeddings:
-            self.output.weight = self.embed.tokens.weight  # tied (Press & Wolf 2017), as GPT-2
+        if cfg.adaptive_softmax:
+            if cfg.adaptive_softmax[-1] >= vocab_size:
+                raise AttnkitError(f"model.adaptive_softmax = {list(cfg.adaptive_softmax)}: the last cutoff must "
+                                   f"be below the vocabulary size {vocab_size}")
+            # ids are most frequent first (attnkit.data.WordVocab), as the clusters require
+            self.output = nn.AdaptiveLogSoftmaxWithLoss(d, vocab_size, list(cfg.adaptive_softmax), div_value=4.0)
+        else:
+            self.output = nn.Linear(d, vocab_size, bias=False)
+            if cfg.share_embeddings:
+                self.output.weight = self.embed.tokens.weight  # tied (Press & Wolf 2017), as GPT-2
         for layer in self.layers:
             for lin in (layer.ffn.linear1, layer.ffn.linear2):
                 nn.init.xavier_uniform_(lin.weight)
                 nn.init.zeros_(lin.bias)
 
-    def forward(self, src: Tensor | None, tgt_in: Tensor, need_weights: bool = False):
+    def forward(self, src: Tensor | None, tgt_in: Tensor, need_weights: bool = False, targets: Tensor | None = None):
         """Teacher forcing: tgt_in [B, T] (BOS + tokens) -> logits [B, T, V]; ``src`` is ignored.
 
+        With an adaptive softmax the "logits" are log-probabilities (a softmax of them is themselves).
         With ``need_weights`` also returns each layer's self-attention weights [B, H, T, T].
+        With ``targets`` [B, T] returns instead the summed negative log-likelihood of the non-pad targets
+        (a scalar): the adaptive softmax's training path, which never scores the whole vocabulary.
         """
         x = self.embed(tgt_in)
         all_weights = []
         for layer in self.layers:
             x, w = layer(x, need_weights=need_weights, causal=True)
             all_weights.append(w)
-        logits = self.output(self.norm(x))
+        hidden = self.norm(x)
+        if targets is not None:
+            keep = targets.ne(PAD)
+            if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
+                return -self.output(hidden[keep], targets[keep]).output.sum()
+            return F.cross_entropy(self.output(hidden[keep]).float(), targets[keep], reduction="sum")
+        logits = self.log_probs(hidden)
         return (logits, all_weights) if need_weights else logits
+
+    def log_probs(self, hidden: Tensor) -> Tensor:
+        """hidden [..., d_model] -> logits [..., V] (log-probabilities with an adaptive softmax)."""
+        if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
+            return self.output.log_prob(hidden.flatten(0, -2)).view(*hidden.shape[:-1], -1)
+        return self.output(hidden)
 
     # --- the common decoding interface (attnkit.decode)
 
@@ -85,7 +110,7 @@ class TransformerLM(nn.Module):
 
     def init_state(self, memory: NoMemory) -> LMState:
         h, d_head = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        empty = self.output.weight.new_zeros(memory.batch, h, 0, d_head)
+        empty = self.embed.tokens.weight.new_zeros(memory.batch, h, 0, d_head)
         return LMState([KVCache(empty, empty) for _ in self.layers])
 
     def step(self, tokens: Tensor, state: LMState, need_weights: bool = False):
@@ -103,5 +128,5 @@ class TransformerLM(nn.Module):
                 attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
         if attn is not None:
             attn = attn / len(self.layers)
-        logits = self.output(self.norm(x[:, 0]))
+        logits = self.log_probs(self.norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), LMState(caches, state.offset + 1), attn

@@ -311,6 +311,9 @@ class LanguageModelTask:
         return Batch(b.src, b.tgt_in, b.tgt_out, list(indices))
 
     def loss(self, model, b: Batch, label_smoothing: float):
+        if self.cfg.model.adaptive_softmax:  # its own loss path: the whole-vocabulary logits are never built
+            nll = model(b.src, b.tgt_in, targets=b.tgt_out)
+            return nll, nll.detach()
         return label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, label_smoothing)
 
     def scores(self, model) -> dict:
