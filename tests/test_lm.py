@@ -201,7 +201,22 @@ def test_same_seed_same_sample_and_streaming_shows_the_final_text(toy_lm, tmp_pa
     assert a.text == b.text and a.text.startswith("bfd") and "".join(pieces) == a.text
     assert pieces[:3] == ["b", "f", "d"] and len(a.hypothesis.tokens) <= 3 + 15
     with pytest.raises(AttnkitError, match="positions"):
-        complete(toy_lm, tok, "bfd", max_new_tokens=64)  # learned positions end at max_positions
+        complete(toy_lm, tok, "b" * 63, max_new_tokens=5)  # BOS, 63 prompt tokens and a new one: 65 > 64
+
+
+@torch.no_grad()
+def test_generation_past_the_positions_slides_its_window(toy_lm, tmp_path):
+    """64 learned positions: the first window holds BOS + 63 tokens, then the cache restarts from BOS and
+    the last 32 tokens, as a training block starts mid-text."""
+    tok = CharTokenizer.build("".join(chr(ord("a") + i) for i in range(VOCAB - 4)), tmp_path / "chars.json")
+    pieces = []
+    c = complete(toy_lm, tok, "bfd", max_new_tokens=150, temperature=0.0, on_text=pieces.append)
+    ids = c.hypothesis.tokens
+    assert len(ids) == 3 + 150 and "".join(pieces) == c.text and len(c.hypothesis.log_probs) == 150 + 3 + 1
+    assert ids[:63] == uncached(toy_lm, ids[:3], 64, 0.0)  # the first window is plain greedy decoding
+    # the second window reads BOS + ids[31:63] and makes ids[63:94]; the third starts from ids[62:94]
+    for start, t in ((31, 63), (31, 64), (31, 93), (62, 94), (62, 100)):
+        assert int(toy_lm(None, torch.tensor([[BOS] + ids[start:t]]))[0, -1].argmax()) == ids[t]
 
 
 # --- perplexity

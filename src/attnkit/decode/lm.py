@@ -25,33 +25,56 @@ def complete(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperatu
              on_text: Callable[[str], None] | None = None) -> Completion:
     """Feed BOS and the prompt's tokens, then sample ``max_new_tokens`` more (``temperature == 0``: greedy).
 
+    A model with learned positions reads at most ``max_positions`` tokens (BOS included). Past that the
+    text goes on in a sliding window, as nanoGPT crops its context: the cache restarts from BOS and the
+    last half-window of text (as each training block starts from BOS mid-text), then sampling continues.
+
     ``on_text`` receives the text as it grows, piece by piece: first the prompt as the model read it
     (unknown characters shown as such), then each new token. A tokenizer whose decoding of a sequence
     starts with the decoding of its prefixes (characters, words) streams exactly the final text.
     """
     model.eval()
     ids = tokenizer.encode([prompt])[0]
-    n_steps = len(ids) + max_new_tokens + 1  # the last step only ends the sequence (EOS)
     cfg = getattr(model, "cfg", None)
-    if cfg is not None and cfg.positional == "learned" and n_steps > cfg.max_positions:
-        raise AttnkitError(f"the prompt's {len(ids)} tokens and {max_new_tokens} new ones exceed the model's "
-                           f"{cfg.max_positions} positions: shorten the prompt or lower --max-new-tokens")
+    window = cfg.max_positions if cfg is not None and cfg.positional == "learned" else None
+    if window is not None and len(ids) + 2 > window:
+        raise AttnkitError(f"the prompt's {len(ids)} tokens do not fit the model's {window} positions "
+                           "(BOS, the prompt and one new token): shorten the prompt")
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    out: list[int] = []
+    text_ids: list[int] = []  # the prompt, then every new token, as streamed
     shown = ""
+    fed = 0  # tokens of the current window's forced context already seen by the stream callback
 
     def stream(tokens):
-        nonlocal shown
+        nonlocal shown, fed
+        if fed:  # the forced context of a restarted window: already shown
+            fed -= 1
+            return
         if int(tokens[0]) == EOS:
             return
-        out.append(int(tokens[0]))
-        text = tokenizer.decode(out)
-        if len(text) > len(shown):
-            on_text(text[len(shown):])
-        shown = text
+        text_ids.append(int(tokens[0]))
+        if on_text is not None:
+            text = tokenizer.decode(text_ids)
+            if len(text) > len(shown):
+                on_text(text[len(shown):])
+            shown = text
 
-    state = model.init_state(model.encode(torch.zeros(1, 0, dtype=torch.long)))
-    hyp = sample(model, state, torch.tensor([n_steps]), temperature, top_k, top_p, generator,
-                 prefix=torch.tensor([ids], dtype=torch.long).view(1, -1),
-                 on_token=None if on_text is None else stream)[0]
+    context, new, log_probs = ids, 0, []
+    while True:
+        steps = len(context) + (max_new_tokens - new) + 1  # the last step only ends the sequence (EOS)
+        if window is not None:
+            steps = min(steps, window)
+        state = model.init_state(model.encode(torch.zeros(1, 0, dtype=torch.long)))
+        hyp = sample(model, state, torch.tensor([steps]), temperature, top_k, top_p, generator,
+                     prefix=torch.tensor([context], dtype=torch.long).view(1, -1), on_token=stream)[0]
+        # scores: the prompt's once (first window), then each window's new tokens and its closing EOS
+        log_probs += hyp.log_probs[len(context) if log_probs else 0:]
+        new += len(hyp.tokens) - len(context)
+        ended = len(hyp.tokens) < steps - 1  # EOS before the window's end: the model chose to stop
+        if ended or new >= max_new_tokens:
+            break
+        log_probs.pop()  # the forced EOS that closed a full window is no part of the text
+        context = text_ids[-(window // 2):]
+        fed = len(context)
+    hyp = Hypothesis(list(text_ids), float(sum(log_probs)), None, log_probs)
     return Completion(prompt, hyp, tokenizer.decode(hyp.tokens))

@@ -25,7 +25,7 @@ class Hypothesis:
     tokens: list[int]  # without BOS and EOS
     score: float  # sum of log-probabilities (beam search: divided by length ** len_penalty)
     attention: Tensor | None = None  # [len(tokens) + 1, S]: one row per output step, EOS included
-    log_probs: list[float] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)  # sampling: one per output step, EOS included
 
 
 def max_lengths(src_lengths: Tensor, a: float, b: int) -> Tensor:
@@ -64,7 +64,7 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
     rows = torch.arange(n)  # the batch row of each sentence still decoding; finished ones leave the batch
     tokens = torch.full((n,), BOS, dtype=torch.long)
     out = torch.full((n, limit), EOS, dtype=torch.long)
-    scores, attn_all, steps = torch.zeros(n), None, 0
+    step_scores, attn_all, steps = torch.zeros(n, limit), None, 0
     for t in range(limit):
         log_probs, state, attn = model.step(tokens, state, need_weights)
         if prefix is not None and t < prefix.size(1):
@@ -75,7 +75,7 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
             logits = filter_logits(log_probs / temperature, top_k, top_p)
             tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
         tokens = torch.where(t + 1 >= max_lens[rows], torch.full_like(tokens, EOS), tokens)  # force an end
-        scores[rows] += log_probs.gather(1, tokens[:, None]).squeeze(1)
+        step_scores[rows, t] = log_probs.gather(1, tokens[:, None]).squeeze(1)
         out[rows, t] = tokens
         steps = t + 1
         if attn is not None:
@@ -93,8 +93,9 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
     hyps = []
     for i, row in enumerate(out[:, :steps].tolist()):
         length = row.index(EOS) if EOS in row else len(row)
-        hyps.append(Hypothesis(row[:length], float(scores[i]),
-                               None if attn_all is None else attn_all[i, : length + 1]))
+        lps = step_scores[i, : length + 1]
+        hyps.append(Hypothesis(row[:length], float(lps.sum()), None if attn_all is None else attn_all[i, : length + 1],
+                               lps.tolist()))
     return hyps
 
 
