@@ -2,7 +2,10 @@
 
 Validation loss (nats per token) and perplexity over every token of the split, and bits per character
 for a character model, of the checkpoint the run chose (``best`` by validation loss, or --checkpoint),
-with the validation curve against training minutes from the run's metrics.jsonl.
+with the validation curve against training minutes from the run's metrics.jsonl. The headline
+numbers cut the split into disjoint blocks, as validation during training does (a block's first
+tokens see little context); ``sliding_window`` scores each token once with at least half a block
+before it, closer to how published perplexities give every token its context.
 
     python bench/language_model.py --run-dir runs/tinyshakespeare_char --train-command "..."
 
@@ -18,7 +21,7 @@ import sys
 from pathlib import Path
 
 from attnkit.config import load_config
-from attnkit.evaluate import language_model_scores
+from attnkit.evaluate import language_model_scores, sliding_window_scores
 from attnkit.evaluate.results import write_results
 from attnkit.train import load_checkpoint
 from attnkit.train.tasks import LanguageModelTask
@@ -53,13 +56,19 @@ def main() -> int:
     model, cfg, _, path = load_checkpoint(run / "checkpoints" / args.checkpoint)
     task = LanguageModelTask(cfg, run, args.data_dir)  # the run's own tokenizer, from run_dir
     characters = cfg.data.format == "tinyshakespeare"
-    s = language_model_scores(model, task.blocks["valid"], max(1, cfg.train.max_tokens // cfg.data.block_size),
-                              characters=characters)
+    batch_blocks = max(1, cfg.train.max_tokens // cfg.data.block_size)
+    s = language_model_scores(model, task.blocks["valid"], batch_blocks, characters=characters)
+    window, stride = cfg.data.block_size, cfg.data.block_size // 2
+    sliding = sliding_window_scores(model, task.streams["valid"], window, stride, batch_blocks, characters)
     meta = json.loads((path / "meta.json").read_text())
     progress = meta["progress"]
     metric, target, minutes = TARGETS[cfg.data.format]
     metrics = {"valid_loss": round(s["loss"], 4), "valid_ppl": round(s["ppl"], 2), "valid_tokens": s["tokens"],
                **({"valid_bpc": round(s["bpc"], 4)} if characters else {}),
+               # each token with at least half a window of context (window = block_size, stride = half)
+               "sliding_window": {"valid_loss": round(sliding["loss"], 4), "valid_ppl": round(sliding["ppl"], 2),
+                                  "window": window, "stride": stride,
+                                  **({"valid_bpc": round(sliding["bpc"], 4)} if characters else {})},
                "target": {metric: target, "train_minutes": minutes}}
     print(json.dumps(metrics), file=sys.stderr)
     out = args.out or f"bench/results/{cfg.name}.json"

@@ -16,7 +16,8 @@ from attnkit.config import PRESETS, ExperimentConfig, ModelConfig, config_from_d
 from attnkit.data import CharTokenizer, WordVocab, block_batch, shifted_blocks, stream_blocks
 from attnkit.decode import beam_search, complete, filter_logits, greedy, sample
 from attnkit.errors import AttnkitError
-from attnkit.evaluate import language_model_scores
+from attnkit.evaluate import language_model_scores, sliding_window_scores
+from attnkit.evaluate.perplexity import sliding_windows
 from attnkit.models import BOS, EOS, PAD, UNK, TransformerLM, build_model
 from attnkit.train.tasks import LanguageModelTask
 
@@ -242,6 +243,24 @@ def test_perplexity_matches_a_direct_computation():
     assert scores["loss"] == pytest.approx(nll / 50, rel=1e-5)
     assert scores["ppl"] == pytest.approx(math.exp(nll / 50), rel=1e-5)
     assert scores["bpc"] == pytest.approx(nll / 50 / math.log(2), rel=1e-5)
+
+
+@torch.no_grad()
+def test_sliding_window_scores_every_token_once_with_its_window_before_it():
+    assert sliding_windows(20, 8, 4) == [(0, 8, 0), (4, 12, 8), (8, 16, 12), (12, 20, 16)]
+    assert sliding_windows(10, 8, 8) == [(0, 8, 0), (8, 10, 8)]  # stride = window: the disjoint blocks
+    model = make_lm(seed=6)
+    stream = markov_stream(50, seed=3)
+    scores = sliding_window_scores(model, stream, window=16, stride=6, batch_windows=3, characters=True)
+    nll = 0.0  # directly: each token from BOS and the tokens of its window before it, one forward pass each
+    for begin, end, scored in sliding_windows(50, 16, 6):
+        for i in range(scored, end):
+            log_probs = F.log_softmax(model(None, torch.tensor([[BOS] + stream[begin:i].tolist()]))[0, -1], -1)
+            nll -= float(log_probs[stream[i]])
+    assert scores["tokens"] == 50 and scores["loss"] == pytest.approx(nll / 50, rel=1e-5)
+    assert scores["bpc"] == pytest.approx(nll / 50 / math.log(2), rel=1e-5)
+    blocks = language_model_scores(model, stream_blocks(stream, 16), batch_blocks=2)
+    assert sliding_window_scores(model, stream, 16, 16)["loss"] == pytest.approx(blocks["loss"], rel=1e-6)
 
 
 def test_block_batch_shifts_each_block_behind_bos():

@@ -223,13 +223,13 @@ class LanguageModelTask:
             self.build_tokenizer(cfg, texts["train"], path)
         distributed.barrier(world)
         self.tokenizer = self.load_tokenizer(cfg, Path(run_dir))
-        self.blocks = {}
+        self.blocks, self.streams = {}, {}
         for split, limit in (("train", cfg.data.max_train_pairs), ("valid", cfg.data.max_valid_pairs)):
             stream = torch.tensor(self.encode(cfg, self.tokenizer, texts[split]), dtype=torch.long)
             blocks = stream_blocks(stream, cfg.data.block_size)
             self.blocks[split] = blocks[:limit] if limit else blocks
-            if split == "train":
-                self.train_stream = stream[: self.blocks[split].numel()]
+            self.streams[split] = stream[: self.blocks[split].numel()]
+        self.train_stream = self.streams["train"]
 
     @staticmethod
     def read(cfg: ExperimentConfig, split: str, data_dir: str | None = None) -> list[str]:
