@@ -16,6 +16,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.data import BOS, PAD, block_batch
+from attnkit.models.lm import TransformerLM
+
+
+def _nll_sum(model, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> float:
+    """Summed NLL of the non-pad targets; a TransformerLM scores them itself (an adaptive softmax never
+    needs the whole vocabulary's log-probabilities for that)."""
+    if isinstance(model, TransformerLM):
+        return float(model(src, tgt_in, targets=tgt_out))
+    logits = model(src, tgt_in).float()
+    return float(F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum"))
 
 
 @torch.no_grad()
@@ -30,8 +40,7 @@ def language_model_scores(model, blocks: Tensor, batch_blocks: int = 16, charact
     nll, n = 0.0, 0
     for start in range(0, blocks.size(0), batch_blocks):
         b = block_batch(blocks, list(range(start, min(start + batch_blocks, blocks.size(0)))))
-        logits = model(b.src, b.tgt_in).float()
-        nll += float(F.cross_entropy(logits.flatten(0, 1), b.tgt_out.flatten(), ignore_index=PAD, reduction="sum"))
+        nll += _nll_sum(model, b.src, b.tgt_in, b.tgt_out)
         n += b.n_tokens
     model.train(was_training)
     loss = nll / max(n, 1)
@@ -76,8 +85,7 @@ def sliding_window_scores(model, stream: Tensor, window: int, stride: int, batch
         tgt_in = torch.cat([torch.full((len(chunk), 1), BOS, dtype=torch.long), tgt_out[:, :-1]], dim=1)
         for row, (begin, _, scored) in enumerate(chunk):
             tgt_out[row, : scored - begin] = PAD  # context only: scored by an earlier window
-        logits = model(tgt_in.new_zeros(len(chunk), 0), tgt_in).float()
-        nll += float(F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum"))
+        nll += _nll_sum(model, tgt_in.new_zeros(len(chunk), 0), tgt_in, tgt_out)
         n += int(tgt_out.ne(PAD).sum())
     model.train(was_training)
     loss = nll / max(n, 1)
