@@ -372,7 +372,10 @@ def test_generate_streams_a_continuation(shakespeare_run, capsys):
     assert main(args) == 0
     assert capsys.readouterr().out == first  # a seed fixes the sample
     assert main([*args[:7], "--temperature", "0"]) == 0  # greedy
-    assert main(["generate", "--checkpoint", str(run), "--max-new-tokens", "100"]) == 2  # beyond 64 positions
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(run), "--max-new-tokens", "100", "--seed", "1"]) == 0
+    assert len(capsys.readouterr().out) == 100 + 1  # past the 64 positions: the window slides
+    assert main(["generate", "--checkpoint", str(run), "--prompt", "A" * 70]) == 2
     assert "positions" in capsys.readouterr().err
 
 
