@@ -1,6 +1,7 @@
 """Translation throughput side by side on the same weights: attnkit, Hugging Face ``generate`` (the
 MarianMTModel export) and CTranslate2 (fp32, and int8 as a reference), greedy and beam 5, batches of 1
-and 64 sentences of the test_2016_flickr source.
+and 64 sentences of the test_2016_flickr source; attnkit also with its decoding step under torch.compile
+(the first batch of each run, untimed, pays the compilation).
 
 Every system decodes the same sentences, sorted by length and cut into the same batches, within
 attnkit's length limit (``max_len_a * source + max_len_b``; per sentence for attnkit, the batch's
@@ -17,6 +18,7 @@ Targets (issue 6): at batch 64 at least as fast as CTranslate2 fp32; at batch 1 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import tempfile
 import time
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 
 from attnkit.data import load_split, pad
-from attnkit.decode import generate, max_lengths
+from attnkit.decode import compile_step, generate, max_lengths
 from attnkit.evaluate import bleu
 from attnkit.evaluate.results import write_results
 from attnkit.models import EOS, PAD
@@ -109,7 +111,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         hf = load_marian(export_huggingface(path, Path(tmp) / "marian"))
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
-        decoders = {"attnkit": attnkit_decoder(model), "huggingface": hf_decoder(hf),
+        # attnkit's decoding step under torch.compile (``attnkit translate --compile``), on a copy of the model
+        decoders = {"attnkit": attnkit_decoder(model),
+                    "attnkit_compiled": attnkit_decoder(compile_step(copy.deepcopy(model))),
+                    "huggingface": hf_decoder(hf),
                     "ctranslate2_fp32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),
                     "ctranslate2_int8": ct2_decoder(ct2.translator(ct2_dir, "int8", args.threads), toks)}
         systems: dict[str, dict] = {name: {} for name in decoders}
@@ -135,19 +140,27 @@ def main() -> int:
               "huggingface_greedy_equals_attnkit": sum(a == b for a, b in zip(greedy, outputs["huggingface", 1, 64])),
               "ctranslate2_fp32_greedy_equals_attnkit": sum(a == b for a, b in
                                                             zip(greedy, outputs["ctranslate2_fp32", 1, 64])),
+              "attnkit_compiled_greedy_equals_attnkit": sum(a == b for a, b in
+                                                            zip(greedy, outputs["attnkit_compiled", 1, 64])),
               "sentences": n}
     print("identical outputs (of", n, "):", {k: v for k, v in checks.items() if k != "sentences"})
 
     def speed(name, label):
         return systems[name][label]["tokens_per_s"]
 
-    ratios = {f"attnkit_over_{other}/{label}": round(speed("attnkit", label) / speed(other, label), 3)
-              for other in ("huggingface", "ctranslate2_fp32", "ctranslate2_int8") for label in systems["attnkit"]}
+    ratios = {f"{ours}_over_{other}/{label}": round(speed(ours, label) / speed(other, label), 3)
+              for ours in ("attnkit", "attnkit_compiled") for other in ("huggingface", "ctranslate2_fp32",
+                                                                        "ctranslate2_int8")
+              for label in systems["attnkit"]}
     metrics = {"checks": checks,
                "attnkit_over_ctranslate2_fp32_batch64": {m: ratios[f"attnkit_over_ctranslate2_fp32/{m}/batch64"]
                                                          for m in ("greedy", "beam5")},
                "attnkit_over_huggingface_batch1": {m: ratios[f"attnkit_over_huggingface/{m}/batch1"]
                                                    for m in ("greedy", "beam5")},
+               "attnkit_compiled_over_ctranslate2_fp32_batch64": {
+                   m: ratios[f"attnkit_compiled_over_ctranslate2_fp32/{m}/batch64"] for m in ("greedy", "beam5")},
+               "attnkit_compiled_over_huggingface_batch1": {
+                   m: ratios[f"attnkit_compiled_over_huggingface/{m}/batch1"] for m in ("greedy", "beam5")},
                "targets": {"attnkit_over_ctranslate2_fp32_batch64": 1.0, "attnkit_over_huggingface_batch1": 3.0}}
     print("attnkit / CTranslate2 fp32 at batch 64:", metrics["attnkit_over_ctranslate2_fp32_batch64"],
           "| attnkit / Hugging Face at batch 1:", metrics["attnkit_over_huggingface_batch1"])

@@ -299,3 +299,23 @@ def test_translate_keeps_order_and_batching_does_not_matter(trained_checkpoint):
         assert a.text == b.text == c.text
         assert a.hypotheses[0].tokens == b.hypotheses[0].tokens
         assert a.text[0] == toks.tgt.decode(a.hypotheses[0].tokens)
+
+
+# --- torch.compile
+
+
+@torch.no_grad()
+def test_a_compiled_step_decodes_like_the_eager_one(model, src):
+    """``attnkit translate --compile``: greedy and beam outputs and their scores as eager decoding gives them,
+    over batches that shrink as sentences end (dynamic shapes)."""
+    import copy
+
+    from attnkit.decode import compile_step
+
+    compiled = compile_step(copy.deepcopy(model))
+    lens = _max_lens(src)
+    for search in (lambda m: [[h] for h in greedy(m, _init(m, src), lens)],
+                   lambda m: beam_search(m, _init(m, src), lens, beam_size=3)):
+        eager, fast = search(model), search(compiled)
+        assert [h[0].tokens for h in fast] == [h[0].tokens for h in eager]
+        assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in eager], abs=1e-4)

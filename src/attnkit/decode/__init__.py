@@ -3,8 +3,17 @@
 from attnkit.decode.align import Alignment, align
 from attnkit.decode.caption import Caption, caption
 from attnkit.decode.lm import Completion, complete
-from attnkit.decode.search import Hypothesis, beam_search, filter_logits, generate, greedy, max_lengths, sample
+from attnkit.decode.search import (
+    Hypothesis,
+    beam_search,
+    compile_step,
+    filter_logits,
+    generate,
+    greedy,
+    max_lengths,
+    sample,
+)
 from attnkit.decode.translate import Translation, translate
 
 __all__ = ["Alignment", "align", "Caption", "caption", "Completion", "complete", "Hypothesis", "beam_search",
-           "filter_logits", "generate", "greedy", "max_lengths", "sample", "Translation", "translate"]
+           "compile_step", "filter_logits", "generate", "greedy", "max_lengths", "sample", "Translation", "translate"]

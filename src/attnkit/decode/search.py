@@ -178,6 +178,18 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
 
 
+def compile_step(model):
+    """Replace ``model.step`` by its ``torch.compile``d self, for inference (CPU or GPU); returns the model.
+
+    Shapes are dynamic (the batch shrinks, the cache grows every step), so one graph serves every step
+    after a compilation on first use (about a minute for the Multi30k model on this CPU). The compiled
+    kernels may round differently from eager ones: ``bench/translate_throughput.py`` counts the outputs
+    that differ and scores both. Training is not compiled: here it made a training step slower.
+    """
+    model.step = torch.compile(model.step, dynamic=True)
+    return model
+
+
 def generate(model, src, max_lens: Tensor, beam_size: int = 1, len_penalty: float = 1.0, n_best: int = 1,
              need_weights: bool = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
