@@ -93,10 +93,10 @@ class TransformerLM(nn.Module):
             if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
                 return -self.output(hidden[keep], targets[keep]).output.sum()
             return F.cross_entropy(self.output(hidden[keep]).float(), targets[keep], reduction="sum")
-        logits = self.log_probs(hidden)
+        logits = self.output_logits(hidden)
         return (logits, all_weights) if need_weights else logits
 
-    def log_probs(self, hidden: Tensor) -> Tensor:
+    def output_logits(self, hidden: Tensor) -> Tensor:
         """hidden [..., d_model] -> logits [..., V] (log-probabilities with an adaptive softmax)."""
         if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
             return self.output.log_prob(hidden.flatten(0, -2)).view(*hidden.shape[:-1], -1)
@@ -128,5 +128,5 @@ class TransformerLM(nn.Module):
                 attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
         if attn is not None:
             attn = attn / len(self.layers)
-        logits = self.log_probs(self.norm(x[:, 0]))
+        logits = self.output_logits(self.norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), LMState(caches, state.offset + 1), attn
