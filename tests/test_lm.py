@@ -284,7 +284,7 @@ def test_training_batches_move_their_windows_and_validation_stays_put(tmp_path):
     g = torch.Generator().manual_seed(0)
     text = "".join(chr(97 + int(i)) for i in torch.randint(0, 26, (400,), generator=g))
     task = LanguageModelTask(cfg, tmp_path, texts={"train": [text], "valid": [text[:80]]})
-    windows = task.train_stream.unfold(0, 8, 1)  # [393, 8]: every window of the stream
+    windows = task.streams["train"].unfold(0, 8, 1)  # [393, 8]: every window of the stream
 
     def start(row):  # where in the stream this row begins (random text: the window is unique)
         return int((windows == row).all(1).nonzero()[0])
@@ -406,7 +406,7 @@ def test_spm_language_model_ends_lines_with_eos(tmp_path):
     cfg = _spm_lm_config("spm", str(spm_path))
     task = LanguageModelTask(cfg, tmp_path / "run", texts={"train": lines, "valid": lines[:3]})
     assert (tmp_path / "run" / "spm.model").read_bytes() == spm_path.read_bytes()  # a copy: the run stands alone
-    stream = task.train_stream.tolist()
+    stream = task.streams["train"].tolist()
     assert stream.count(EOS) == len(lines)  # one EOS per line, the written <eos> dropped
     first = stream[: stream.index(EOS)]
     assert task.tokenizer.decode(first) == "the cat sat on the mat"

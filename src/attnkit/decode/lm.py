@@ -60,6 +60,7 @@ def complete(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperatu
             shown = text
 
     context, new, log_probs = ids, 0, []
+    already_scored = 0  # the first window scores the prompt; later ones re-read context scored before
     while True:
         steps = len(context) + (max_new_tokens - new) + 1  # the last step only ends the sequence (EOS)
         if window is not None:
@@ -68,13 +69,13 @@ def complete(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperatu
         hyp = sample(model, state, torch.tensor([steps]), temperature, top_k, top_p, generator,
                      prefix=torch.tensor([context], dtype=torch.long).view(1, -1), on_token=stream)[0]
         # scores: the prompt's once (first window), then each window's new tokens and its closing EOS
-        log_probs += hyp.log_probs[len(context) if log_probs else 0:]
+        log_probs += hyp.log_probs[already_scored:]
         new += len(hyp.tokens) - len(context)
         ended = len(hyp.tokens) < steps - 1  # EOS before the window's end: the model chose to stop
         if ended or new >= max_new_tokens:
             break
         log_probs.pop()  # the forced EOS that closed a full window is no part of the text
         context = text_ids[-(window // 2):]
-        fed = len(context)
+        fed = already_scored = len(context)
     hyp = Hypothesis(list(text_ids), float(sum(log_probs)), None, log_probs)
     return Completion(prompt, hyp, tokenizer.decode(hyp.tokens))

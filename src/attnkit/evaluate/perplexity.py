@@ -12,25 +12,26 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.data import BOS, PAD, block_batch
-from attnkit.models.lm import TransformerLM
 
 
-def _nll_sum(model, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> float:
-    """Summed NLL of the non-pad targets; a TransformerLM scores them itself (an adaptive softmax never
-    needs the whole vocabulary's log-probabilities for that)."""
-    if isinstance(model, TransformerLM):
-        return float(model(src, tgt_in, targets=tgt_out))
-    logits = model(src, tgt_in).float()
-    return float(F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum"))
+def _summary(model, was_training: bool, nll: float, n: int, characters: bool, **extra) -> dict:
+    model.train(was_training)
+    loss = nll / max(n, 1)
+    scores = {"loss": loss, "ppl": math.exp(min(loss, 50)), "tokens": n, **extra}
+    if characters:
+        scores["bpc"] = loss / math.log(2)
+    return scores
 
 
 @torch.no_grad()
 def language_model_scores(model, blocks: Tensor, batch_blocks: int = 16, characters: bool = False) -> dict:
     """blocks [N, T] (PAD-padded ids, as attnkit.data.stream_blocks cuts them) -> scores of every real token.
+
+    ``model`` is a TransformerLM: called with ``targets`` it returns their summed NLL itself (an adaptive
+    softmax never builds the whole vocabulary's log-probabilities for that).
 
     ``loss`` is the mean negative log-likelihood in nats per token, ``ppl`` its exponential; with
     ``characters`` (one token per character) also ``bpc``, bits per character: loss / ln 2.
@@ -40,14 +41,9 @@ def language_model_scores(model, blocks: Tensor, batch_blocks: int = 16, charact
     nll, n = 0.0, 0
     for start in range(0, blocks.size(0), batch_blocks):
         b = block_batch(blocks, list(range(start, min(start + batch_blocks, blocks.size(0)))))
-        nll += _nll_sum(model, b.src, b.tgt_in, b.tgt_out)
+        nll += float(model(b.src, b.tgt_in, targets=b.tgt_out))  # the LM sums the NLL of its non-pad targets
         n += b.n_tokens
-    model.train(was_training)
-    loss = nll / max(n, 1)
-    scores = {"loss": loss, "ppl": math.exp(min(loss, 50)), "tokens": n}
-    if characters:
-        scores["bpc"] = loss / math.log(2)
-    return scores
+    return _summary(model, was_training, nll, n, characters)
 
 
 def sliding_windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
@@ -85,11 +81,6 @@ def sliding_window_scores(model, stream: Tensor, window: int, stride: int, batch
         tgt_in = torch.cat([torch.full((len(chunk), 1), BOS, dtype=torch.long), tgt_out[:, :-1]], dim=1)
         for row, (begin, _, scored) in enumerate(chunk):
             tgt_out[row, : scored - begin] = PAD  # context only: scored by an earlier window
-        nll += _nll_sum(model, tgt_in.new_zeros(len(chunk), 0), tgt_in, tgt_out)
+        nll += float(model(tgt_in.new_zeros(len(chunk), 0), tgt_in, targets=tgt_out))
         n += int(tgt_out.ne(PAD).sum())
-    model.train(was_training)
-    loss = nll / max(n, 1)
-    scores = {"loss": loss, "ppl": math.exp(min(loss, 50)), "tokens": n, "window": window, "stride": stride}
-    if characters:
-        scores["bpc"] = loss / math.log(2)
-    return scores
+    return _summary(model, was_training, nll, n, characters, window=window, stride=stride)

@@ -229,7 +229,6 @@ class LanguageModelTask:
             blocks = stream_blocks(stream, cfg.data.block_size)
             self.blocks[split] = blocks[:limit] if limit else blocks
             self.streams[split] = stream[: self.blocks[split].numel()]
-        self.train_stream = self.streams["train"]
 
     @staticmethod
     def read(cfg: ExperimentConfig, split: str, data_dir: str | None = None) -> list[str]:
@@ -306,7 +305,7 @@ class LanguageModelTask:
         # each training batch cuts the stream at its own offset, a function of its indices only (the same on
         # every rank and after a resume); batches are composed afresh each epoch, so the windows change too
         offset = hash(tuple(indices)) % self.cfg.data.block_size  # ints hash alike in every process
-        blocks = shifted_blocks(self.train_stream, indices, self.cfg.data.block_size, offset)
+        blocks = shifted_blocks(self.streams["train"], indices, self.cfg.data.block_size, offset)
         b = block_batch(blocks, list(range(len(indices))))
         return Batch(b.src, b.tgt_in, b.tgt_out, list(indices))
 
