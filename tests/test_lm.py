@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_model
 
 from attnkit.cli import main
 from attnkit.config import PRESETS, ExperimentConfig, ModelConfig, config_from_dict
@@ -19,6 +20,7 @@ from attnkit.errors import AttnkitError
 from attnkit.evaluate import language_model_scores, sliding_window_scores
 from attnkit.evaluate.perplexity import sliding_windows
 from attnkit.models import BOS, EOS, PAD, UNK, TransformerLM, build_model
+from attnkit.train.checkpoint import load_weights
 from attnkit.train.tasks import LanguageModelTask
 
 VOCAB = 24
@@ -66,10 +68,11 @@ def toy_lm() -> TransformerLM:
 
 
 ADAPTIVE = {"share_embeddings": False, "adaptive_softmax": (8, 16)}  # head: 8 words + 2 clusters of 8
+ADAPTIVE_TIED = ADAPTIVE | {"share_embeddings": True}  # adaptive input sharing the softmax's weights
 
 
 @pytest.mark.parametrize("overrides", [{}, {"norm_first": False, "positional": "sinusoidal", "activation": "relu"},
-                                       ADAPTIVE])
+                                       ADAPTIVE, ADAPTIVE_TIED])
 @torch.no_grad()
 def test_logits_never_see_the_future(overrides):
     model = make_lm(**overrides)
@@ -84,7 +87,7 @@ def test_logits_never_see_the_future(overrides):
 
 
 @pytest.mark.parametrize("overrides", [{}, {"norm_first": False, "positional": "sinusoidal"},
-                                       {"share_embeddings": False}, ADAPTIVE])
+                                       {"share_embeddings": False}, ADAPTIVE, ADAPTIVE_TIED])
 @torch.no_grad()
 def test_cached_steps_equal_teacher_forcing(overrides):
     model = make_lm(seed=2, **overrides)
@@ -112,11 +115,41 @@ def test_adaptive_softmax_is_a_distribution_and_its_training_loss_is_its_likelih
     assert torch.allclose(untied(None, x, targets=y), full, atol=1e-4)
 
 
+def test_adaptive_input_is_the_adaptive_softmax_read_backwards(tmp_path):
+    model = make_lm(seed=4, **ADAPTIVE_TIED)
+    lookup, softmax = model.embed.tokens, model.output
+    assert lookup.head is softmax.head.weight
+    assert all(e is t[1].weight and p is t[0].weight
+               for e, p, t in zip(lookup.embeddings, lookup.projections, softmax.tail))
+    untied = make_lm(seed=4, **ADAPTIVE)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params == sum(p.numel() for p in untied.parameters()) - untied.embed.tokens.weight.numel()
+    ids = torch.tensor([[PAD, 5, 7], [8, 15, 16], [23, 12, 3]])  # pad, head words, both tail clusters
+    rows = lookup(ids)
+    tail1, tail2 = softmax.tail
+    expected = {5: softmax.head.weight[5], 7: softmax.head.weight[7], 3: softmax.head.weight[3],
+                8: tail1[1].weight[0] @ tail1[0].weight, 15: tail1[1].weight[7] @ tail1[0].weight,
+                12: tail1[1].weight[4] @ tail1[0].weight,
+                16: tail2[1].weight[0] @ tail2[0].weight, 23: tail2[1].weight[7] @ tail2[0].weight}
+    for (i, j), token in zip([(i, j) for i in range(3) for j in range(3)], ids.flatten().tolist()):
+        want = torch.zeros(32) if token == PAD else expected[token]
+        assert torch.allclose(rows[i, j], want, atol=1e-6), token
+    rows.sum().backward()  # the input path alone trains the shared weights, but never the padding row
+    assert softmax.head.weight.grad[PAD].abs().max() == 0 and softmax.head.weight.grad[5].abs().max() > 0
+    assert tail2[1].weight.grad[7].abs().max() > 0 and tail2[0].weight.grad.abs().max() > 0
+    # a checkpoint stores each shared tensor once and loads back tied, with the same outputs
+    save_model(model, str(tmp_path / "model.safetensors"))
+    loaded = make_lm(seed=9, **ADAPTIVE_TIED)
+    load_weights(loaded, tmp_path / "model.safetensors")
+    assert loaded.embed.tokens.head is loaded.output.head.weight
+    x = torch.cat([torch.full((3, 1), BOS), ids[:, 1:]], 1)
+    assert torch.equal(loaded(None, x), model(None, x))
+
+
 def test_adaptive_softmax_configs_are_checked():
     table = {"model": {"family": "transformer_lm", "preset": "lm_tiny", "adaptive_softmax": [2000, 10000]},
              "data": {"format": "wikitext2"}, "train": {"label_smoothing": 0.0}}
-    with pytest.raises(AttnkitError, match="share_embeddings = false"):
-        config_from_dict(table)
+    assert config_from_dict(table).model.share_embeddings  # tied: adaptive input and softmax
     table["model"]["share_embeddings"] = False
     assert config_from_dict(table).model.adaptive_softmax == (2000, 10000)
     with pytest.raises(AttnkitError, match="increasing"):

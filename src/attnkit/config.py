@@ -44,6 +44,7 @@ class ModelConfig:
     conv_kernel: int = 3  # conv_transformer: the convolutional encoder's kernel width k (odd)
     # transformer_lm: cutoffs of an adaptive softmax (Grave et al. 2017), e.g. [2000, 10000]: the frequent words
     # get a full-width softmax, rarer ones narrower clusters. Empty: one softmax over the whole vocabulary.
+    # With share_embeddings the input embedding is adaptive too and shares the softmax's weights.
     adaptive_softmax: tuple[int, ...] = ()
 
 
@@ -277,9 +278,6 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
         if list(m.adaptive_softmax) != sorted(set(m.adaptive_softmax)) or m.adaptive_softmax[0] <= 0:
             raise AttnkitError(f"{where}: model.adaptive_softmax = {list(m.adaptive_softmax)} must be increasing "
                                "positive cutoffs")
-        if m.share_embeddings:
-            raise AttnkitError(f"{where}: model.adaptive_softmax cannot be tied to the input embedding; "
-                               "set model.share_embeddings = false")
         if cfg.train.label_smoothing:
             raise AttnkitError(f"{where}: model.adaptive_softmax trains on the plain likelihood; "
                                "set train.label_smoothing = 0")

@@ -5,6 +5,7 @@ layers (attnkit.nn's EncoderLayer with ``causal=True``), pre-LN by default with 
 LayerNorm, and the output projection tied to the token embedding. With ``adaptive_softmax`` cutoffs the
 output is an adaptive softmax instead (Grave et al. 2017): a large word vocabulary costs most of a small
 model's compute in its full softmax, and the adaptive one spends full width only on the frequent words.
+Tied, its input is then adaptive too (Baevski & Auli 2019, attnkit.nn.AdaptiveInput).
 
 An LM reads no source. Its "memory" only says how many sequences to generate; a prompt is
 fed through the cache token by token, as the forced prefix of ``attnkit.decode.sample``.
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError
 from attnkit.models.transformer import PAD
-from attnkit.nn import EncoderLayer, KVCache, TokenEmbedding, make_positional
+from attnkit.nn import AdaptiveInput, EncoderLayer, KVCache, TokenEmbedding, make_positional
 
 
 @dataclass
@@ -51,28 +52,34 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
+        output, tokens = self._output_layer(cfg, vocab_size)
         self.embed = TokenEmbedding(vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
-                                    cfg.dropout, PAD)
+                                    cfg.dropout, PAD, tokens)
         self.layers = nn.ModuleList(
             EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
                          cfg.activation, cfg.norm_first, cfg.layer_norm_eps)
             for _ in range(cfg.n_decoder_layers))
         # pre-LN leaves the residual stream unnormalised; post-LN already ends in a norm
         self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        if cfg.adaptive_softmax:
-            if cfg.adaptive_softmax[-1] >= vocab_size:
-                raise AttnkitError(f"model.adaptive_softmax = {list(cfg.adaptive_softmax)}: the last cutoff must "
-                                   f"be below the vocabulary size {vocab_size}")
-            # ids are most frequent first (attnkit.data.WordVocab), as the clusters require
-            self.output = nn.AdaptiveLogSoftmaxWithLoss(d, vocab_size, list(cfg.adaptive_softmax), div_value=4.0)
-        else:
-            self.output = nn.Linear(d, vocab_size, bias=False)
-            if cfg.share_embeddings:
-                self.output.weight = self.embed.tokens.weight  # tied (Press & Wolf 2017), as GPT-2
+        self.output = output
+        if cfg.share_embeddings and not cfg.adaptive_softmax:
+            self.output.weight = self.embed.tokens.weight  # tied (Press & Wolf 2017), as GPT-2
         for layer in self.layers:
             for lin in (layer.ffn.linear1, layer.ffn.linear2):
                 nn.init.xavier_uniform_(lin.weight)
                 nn.init.zeros_(lin.bias)
+
+    @staticmethod
+    def _output_layer(cfg: ModelConfig, vocab_size: int) -> tuple[nn.Module, nn.Module | None]:
+        """The output layer, and the input lookup tied to it when that is not a plain embedding."""
+        if not cfg.adaptive_softmax:
+            return nn.Linear(cfg.d_model, vocab_size, bias=False), None
+        if cfg.adaptive_softmax[-1] >= vocab_size:
+            raise AttnkitError(f"model.adaptive_softmax = {list(cfg.adaptive_softmax)}: the last cutoff must "
+                               f"be below the vocabulary size {vocab_size}")
+        # ids are most frequent first (attnkit.data.WordVocab), as the clusters require
+        output = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_model, vocab_size, list(cfg.adaptive_softmax), div_value=4.0)
+        return output, (AdaptiveInput(output, PAD) if cfg.share_embeddings else None)
 
     def forward(self, src: Tensor | None, tgt_in: Tensor, need_weights: bool = False, targets: Tensor | None = None):
         """Teacher forcing: tgt_in [B, T] (BOS + tokens) -> logits [B, T, V]; ``src`` is ignored.
@@ -110,7 +117,8 @@ class TransformerLM(nn.Module):
 
     def init_state(self, memory: NoMemory) -> LMState:
         h, d_head = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        empty = self.embed.tokens.weight.new_zeros(memory.batch, h, 0, d_head)
+        weight = next(self.parameters())  # the model's dtype and device
+        empty = weight.new_zeros(memory.batch, h, 0, d_head)
         return LMState([KVCache(empty, empty) for _ in self.layers])
 
     def step(self, tokens: Tensor, state: LMState, need_weights: bool = False):

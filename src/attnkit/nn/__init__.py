@@ -1,5 +1,6 @@
 """The lectures' vocabulary: attention, positions, Transformer blocks, the image encoder."""
 
+from attnkit.nn.adaptive import AdaptiveInput
 from attnkit.nn.attention import (
     AdditiveScore,
     DotScore,
@@ -33,6 +34,7 @@ from attnkit.nn.vision import (
 )
 
 __all__ = [
+    "AdaptiveInput",
     "IMAGE_SIZE",
     "AdditiveScore", "DotScore", "Score",
     "DecoderLayer",

@@ -60,14 +60,20 @@ def make_positional(kind: str, d_model: int, max_positions: int) -> nn.Module:
 
 
 class TokenEmbedding(nn.Module):
-    """Token embedding scaled by ``sqrt(d_model)`` (section 3.4), plus positions, then dropout."""
+    """Token embedding scaled by ``sqrt(d_model)`` (section 3.4), plus positions, then dropout.
 
-    def __init__(self, vocab_size: int, d_model: int, positional: nn.Module, dropout: float, padding_idx: int = 0):
+    ``tokens`` replaces the plain ``nn.Embedding`` lookup, e.g. by ``attnkit.nn.AdaptiveInput``.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, positional: nn.Module, dropout: float, padding_idx: int = 0,
+                 tokens: nn.Module | None = None):
         super().__init__()
-        self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
-        nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
-        with torch.no_grad():
-            self.tokens.weight[padding_idx].zero_()
+        if tokens is None:
+            tokens = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+            nn.init.normal_(tokens.weight, std=d_model**-0.5)
+            with torch.no_grad():
+                tokens.weight[padding_idx].zero_()
+        self.tokens = tokens
         self.positional = positional
         self.scale = math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout)
