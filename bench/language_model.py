@@ -4,8 +4,9 @@ Validation loss (nats per token) and perplexity over every token of the split, a
 for a character model, of the checkpoint the run chose (``best`` by validation loss, or --checkpoint),
 with the validation curve against training minutes from the run's metrics.jsonl. The headline
 numbers cut the split into disjoint blocks, as validation during training does (a block's first
-tokens see little context); ``sliding_window`` scores each token once with at least half a block
-before it, closer to how published perplexities give every token its context.
+tokens see little context); ``sliding_window`` scores each token once with at least ``window - stride``
+tokens before it (--strides, default half a block), closer to how published perplexities give every
+token its context. A smaller stride gives more context and costs block/stride times the disjoint pass.
 
     python bench/language_model.py --run-dir runs/tinyshakespeare_char --train-command "..."
 
@@ -48,6 +49,7 @@ def main() -> int:
     ap.add_argument("--train-command", required=True, help="the command that trained the run, recorded verbatim")
     ap.add_argument("--checkpoint", default="best")
     ap.add_argument("--data-dir")
+    ap.add_argument("--strides", help="comma-separated sliding-window strides (default: half a block)")
     ap.add_argument("--out", help="default: bench/results/<the run's config name>.json")
     args = ap.parse_args()
 
@@ -58,24 +60,33 @@ def main() -> int:
     characters = cfg.data.format == "tinyshakespeare"
     batch_blocks = max(1, cfg.train.max_tokens // cfg.data.block_size)
     s = language_model_scores(model, task.blocks["valid"], batch_blocks, characters=characters)
-    window, stride = cfg.data.block_size, cfg.data.block_size // 2
-    sliding = sliding_window_scores(model, task.streams["valid"], window, stride, batch_blocks, characters)
+    window = cfg.data.block_size
+    try:
+        strides = [int(x) for x in args.strides.split(",")] if args.strides else [window // 2]
+    except ValueError:
+        strides = []
+    if not strides or not all(0 < stride <= window for stride in strides):
+        ap.error(f"--strides {args.strides}: each stride must be in 1..{window} (the block size)")
+    sliding = [sliding_window_scores(model, task.streams["valid"], window, stride, batch_blocks, characters)
+               for stride in strides]
     meta = json.loads((path / "meta.json").read_text())
     progress = meta["progress"]
     metric, target, minutes = TARGETS[cfg.data.format]
     metrics = {"valid_loss": round(s["loss"], 4), "valid_ppl": round(s["ppl"], 2), "valid_tokens": s["tokens"],
                **({"valid_bpc": round(s["bpc"], 4)} if characters else {}),
-               # each token with at least half a window of context (window = block_size, stride = half)
-               "sliding_window": {"valid_loss": round(sliding["loss"], 4), "valid_ppl": round(sliding["ppl"], 2),
-                                  "window": window, "stride": stride,
-                                  **({"valid_bpc": round(sliding["bpc"], 4)} if characters else {})},
+               # each token with at least window - stride tokens of context (window = block_size)
+               "sliding_window": [{"valid_loss": round(r["loss"], 4), "valid_ppl": round(r["ppl"], 2),
+                                   "window": window, "stride": stride,
+                                   **({"valid_bpc": round(r["bpc"], 4)} if characters else {})}
+                                  for stride, r in zip(strides, sliding)],
                "target": {metric: target, "train_minutes": minutes}}
     print(json.dumps(metrics), file=sys.stderr)
     out = args.out or f"bench/results/{cfg.name}.json"
     write_results(
         out, cfg.name,
         command=f"{args.train_command} && python bench/language_model.py --run-dir {args.run_dir}"
-                + (f" --checkpoint {args.checkpoint}" if args.checkpoint != "best" else ""),
+                + (f" --checkpoint {args.checkpoint}" if args.checkpoint != "best" else "")
+                + (f" --strides {args.strides}" if args.strides else ""),
         metrics=metrics, checkpoint=path.name, step=progress["step"],
         train_minutes=round(progress["train_seconds"] / 60, 2),
         tokens_per_s=round(progress["train_tokens"] / max(progress["train_seconds"], 1e-9), 1),
