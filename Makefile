@@ -2,6 +2,8 @@
 # make test   — set up .venv, then run the test suite
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
+# make tatoeba-rnnencdec, tatoeba-rnnsearch, tatoeba-transformer — the same three on Tatoeba, long sentences held out
+# make by-length — BLEU against sentence length for the three systems on Multi30k and Tatoeba, JSON + plots
 # make complexity — attnkit bench complexity (RNN vs convolution vs self-attention; several minutes)
 # make tinyshakespeare, wikitext2 — the GPT recipes (30 and 60 training minutes), then their results JSON
 # make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
@@ -15,7 +17,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC))
 
-.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean
+.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,6 +48,16 @@ multi30k-rnnsearch multi30k-rnnencdec: multi30k-%: $(STAMP)
 	$(RUN) $(call MULTI30K_RNN,$*)
 	date +%s > runs/multi30k_en_de_$*/finished
 	$(RUN) $(PY) bench/multi30k_en_de.py --run-dir runs/multi30k_en_de_$* --train-command "$(call MULTI30K_RNN,$*)"
+
+TATOEBA_TRAIN = OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/tatoeba_en_de_$(1).toml --run-dir runs/tatoeba_en_de_$(1)
+tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer: tatoeba-%: $(STAMP)
+	$(RUN) $(call TATOEBA_TRAIN,$*)
+
+# each run directory's best checkpoint; needs the three multi30k* and three tatoeba-* runs above
+BY_LENGTH_SYSTEMS = --system RNNencdec=runs/$(1)_en_de_rnnencdec --system RNNsearch=runs/$(1)_en_de_rnnsearch --system Transformer=runs/$(1)_en_de$(2)
+by-length: $(STAMP)
+	$(RUN) $(PY) bench/bleu_by_length.py --data multi30k $(call BY_LENGTH_SYSTEMS,multi30k,) --out bench/results/bleu_by_length_multi30k.json
+	$(RUN) $(PY) bench/bleu_by_length.py --data tatoeba $(call BY_LENGTH_SYSTEMS,tatoeba,_transformer) --out bench/results/bleu_by_length_tatoeba.json
 
 complexity: $(STAMP)
 	$(VENV)/bin/attnkit bench complexity
