@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.decode import beam_search, filter_logits, greedy, max_lengths, sample, translate
+from attnkit.decode import beam_search, compile_step, filter_logits, greedy, max_lengths, sample, translate
 from attnkit.models import BOS, EOS, PAD
 from conftest import make_model, random_src, toy_trained_model
 
@@ -308,10 +309,6 @@ def test_translate_keeps_order_and_batching_does_not_matter(trained_checkpoint):
 def test_a_compiled_step_decodes_like_the_eager_one(model, src):
     """``attnkit translate --compile``: greedy and beam outputs and their scores as eager decoding gives them,
     over batches that shrink as sentences end (dynamic shapes)."""
-    import copy
-
-    from attnkit.decode import compile_step
-
     compiled = compile_step(copy.deepcopy(model))
     lens = _max_lens(src)
     for search in (lambda m: [[h] for h in greedy(m, _init(m, src), lens)],

@@ -56,13 +56,19 @@ def _decode_options(args, cfg) -> dict:
                 n_best=args.n_best)
 
 
-def cmd_translate(args) -> int:
-    from attnkit.decode import compile_step, translate
+def _load_for_decoding(args):
+    """load_checkpoint(--checkpoint), with the decoding step compiled under --compile."""
+    from attnkit.decode import compile_step
     from attnkit.train import load_checkpoint
 
-    model, cfg, toks, _ = load_checkpoint(args.checkpoint)
-    if args.compile:
-        compile_step(model)
+    model, *rest = load_checkpoint(args.checkpoint)
+    return (compile_step(model) if args.compile else model), *rest
+
+
+def cmd_translate(args) -> int:
+    from attnkit.decode import translate
+
+    model, cfg, toks, _ = _load_for_decoding(args)
     lines = []
     for t in translate(model, toks, _read_input(args.input), **_decode_options(args, cfg)):
         if args.n_best > 1:
@@ -79,16 +85,13 @@ def cmd_translate(args) -> int:
 
 def cmd_evaluate(args) -> int:
     from attnkit.data import read_lines
-    from attnkit.decode import compile_step, translate
+    from attnkit.decode import translate
     from attnkit.evaluate import bleu, bleu_by_length, chrf
-    from attnkit.train import load_checkpoint
 
     sources, refs = read_lines(args.src), read_lines(args.ref)
     if len(sources) != len(refs):
         raise AttnkitError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
-    model, cfg, toks, path = load_checkpoint(args.checkpoint)
-    if args.compile:
-        compile_step(model)
+    model, cfg, toks, path = _load_for_decoding(args)
     hyps = [t.text[0] for t in translate(model, toks, sources, **_decode_options(args, cfg))]
     b, c = bleu(hyps, refs), chrf(hyps, refs)
     print(b)
