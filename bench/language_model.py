@@ -24,7 +24,7 @@ from pathlib import Path
 from attnkit.config import load_config
 from attnkit.evaluate import language_model_scores, sliding_window_scores
 from attnkit.evaluate.results import write_results
-from attnkit.train import load_checkpoint
+from attnkit.train import load_checkpoint, read_metrics
 from attnkit.train.tasks import LanguageModelTask
 
 TARGETS = {"tinyshakespeare": ("valid_loss", 1.60, 30), "wikitext2": ("valid_ppl", 130.0, 60)}
@@ -33,8 +33,7 @@ TARGETS = {"tinyshakespeare": ("valid_loss", 1.60, 30), "wikitext2": ("valid_ppl
 def curve(run: Path) -> list[dict]:
     """Validation records of metrics.jsonl, each with the training minutes of the last training record before it."""
     out, minutes = [], 0.0
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in read_metrics(run):
         if "minutes" in r:
             minutes = r["minutes"]
         if "valid_loss" in r:

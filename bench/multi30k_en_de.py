@@ -20,7 +20,7 @@ from attnkit.data import load_split
 from attnkit.decode import translate
 from attnkit.evaluate import bleu, bleu_by_length, chrf
 from attnkit.evaluate.results import write_results
-from attnkit.train import load_checkpoint
+from attnkit.train import load_checkpoint, read_metrics
 
 
 def score(path, pairs, beam, len_penalty):
@@ -60,7 +60,7 @@ def main() -> int:
     print(f"test   {chosen['checkpoint']}: {b}\n       {c}", file=sys.stderr)
     (run / "test_2016_flickr.hyp.de").write_text("\n".join(hyps) + "\n", encoding="utf-8")
 
-    metrics_log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics_log = read_metrics(run)
     train_logs = [r for r in metrics_log if "tokens_per_s" in r and "lr" in r]
     meta = json.loads((path.resolve() / "meta.json").read_text())
     progress = meta["progress"]

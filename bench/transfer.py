@@ -15,7 +15,6 @@ embeddings mean the same subwords in the fine-tuning run. ``make transfer`` runs
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from attnkit.config import load_config
 from attnkit.data import read_tinyshakespeare, read_wikitext2, train_tokenizer
 from attnkit.errors import AttnkitError
 from attnkit.evaluate.results import write_results
+from attnkit.train import read_metrics
 from attnkit.train.tasks import LanguageModelTask
 from attnkit.viz import plot_curves
 
@@ -40,9 +40,7 @@ def tokenizer(args) -> int:
 
 
 def valid_curve(run: Path) -> list[dict]:
-    if not (run / "metrics.jsonl").exists():
-        raise AttnkitError(f"{run}/metrics.jsonl: no such file (did the run train?)")
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run)
     return [{"step": r["step"], "valid_loss": round(r["valid_loss"], 4)} for r in rows if "valid_loss" in r]
 
 

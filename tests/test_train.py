@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 from pathlib import Path
@@ -20,6 +21,7 @@ from attnkit.train import (
     label_smoothed_nll,
     learning_rate,
     load_checkpoint,
+    read_metrics,
     write_checkpoint,
 )
 from conftest import tiny_experiment
@@ -145,6 +147,7 @@ def test_resume_is_exact(tmp_path, n_pairs, max_tokens, n):
     for k, v in resumed.model.state_dict().items():
         assert torch.equal(v, after_first[k]), k
     assert resumed.progress.step == n
+    assert read_metrics(tmp_path / "A")[-1] == {"step": n, "resumed_from": f"step-{n}"}
     resumed.train()
 
     (tmp_path / "B").mkdir()
@@ -166,6 +169,17 @@ def test_resume_is_exact(tmp_path, n_pairs, max_tokens, n):
     for i in sa:
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(sa[i][name], sb[i][name]), (i, name)
+
+
+def test_read_metrics_drops_what_a_killed_run_logged_after_its_checkpoint(tmp_path):
+    killed = [{"step": s, "train_nll": 9.0 - s} for s in (1, 2, 3, 4, 5)] + [{"step": 4, "valid_loss": 5.0}]
+    resumed = [{"step": 4, "resumed_from": "step-4"}, {"step": 5, "train_nll": 1.0}, {"step": 6, "train_nll": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in killed + resumed))
+    assert read_metrics(tmp_path) == killed[:4] + [killed[5]] + resumed
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "tr')
+    with pytest.raises(AttnkitError, match=r"metrics.jsonl:2: not a JSON record"):
+        read_metrics(tmp_path)
 
 
 def test_resume_refuses_a_checkpoint_without_trainer_state(tmp_path, trained_checkpoint):

@@ -3,7 +3,7 @@
 from attnkit.train.checkpoint import average_checkpoints, load_checkpoint, resolve_checkpoint, write_checkpoint
 from attnkit.train.loss import label_smoothed_nll
 from attnkit.train.schedule import learning_rate
-from attnkit.train.trainer import Progress, Trainer
+from attnkit.train.trainer import Progress, Trainer, read_metrics
 
 __all__ = [
            "Progress",
@@ -12,6 +12,7 @@ __all__ = [
            "label_smoothed_nll",
            "learning_rate",
            "load_checkpoint",
+           "read_metrics",
            "resolve_checkpoint",
            "write_checkpoint",
 ]

@@ -137,6 +137,8 @@ class Trainer:
         key = f"rng.torch.{self.rank}"
         torch.set_rng_state(tensors[key if key in tensors else "rng.torch.0"])
         self.progress = Progress(**meta["progress"])
+        # records a killed run logged after this checkpoint are redone; read_metrics drops them
+        self.log({"step": self.progress.step, "resumed_from": path.name})
 
     def save(self, scores: dict | None = None) -> Path | None:
         """Write a checkpoint. Every rank calls this (the RNG gather); rank 0 writes."""
@@ -296,3 +298,21 @@ class Trainer:
         distributed.barrier(self.world)
         return {"step": p.step, "epoch": p.epoch, "train_minutes": p.train_seconds / 60,
                 "tokens_per_s": p.train_tokens / max(p.train_seconds, 1e-9), **scores}
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """A run's metrics.jsonl as one history: what a killed run logged after the checkpoint it was resumed
+    from is dropped, since the resumed run logs those steps again. Each resume leaves its marker record."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise AttnkitError(f"{path}: no such file (did the run train?)")
+    records: list[dict] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise AttnkitError(f"{path}:{n}: not a JSON record ({e.msg})") from None
+        if "resumed_from" in record:
+            records = [r for r in records if r["step"] <= record["step"]]
+        records.append(record)
+    return records
