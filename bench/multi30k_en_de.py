@@ -32,6 +32,15 @@ def score(path, pairs, beam, len_penalty):
     return hyps, bleu(hyps, pairs.tgt), chrf(hyps, pairs.tgt), time.monotonic() - start
 
 
+def launches(run: Path) -> list[dict]:
+    """When and how training was started: one entry per launch in run.jsonl, so a resumed run says so."""
+    path = run / "run.jsonl"
+    if not path.is_file():
+        return []
+    return [{"time": r["time"], "argv": r["argv"][1:], "world_size": r["world_size"], "git_commit": r["git_commit"]}
+            for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--run-dir", default="runs/multi30k_en_de")
@@ -81,6 +90,7 @@ def main() -> int:
         checkpoint=chosen["checkpoint"], beam=args.beam, len_penalty=chosen["len_penalty"],
         selection_on_valid=selection, decode_seconds_test=round(seconds, 1),
         last_train_log=train_logs[-1] if train_logs else None,
+        launches=launches(run),
     )
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
