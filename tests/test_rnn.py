@@ -312,6 +312,16 @@ def test_configs_load(name):
     assert cfg.name == name
 
 
+@pytest.mark.parametrize("tatoeba,multi30k", [("tatoeba_en_de_rnnsearch", "multi30k_en_de_rnnsearch"),
+                                               ("tatoeba_en_de_rnnencdec", "multi30k_en_de_rnnencdec"),
+                                               ("tatoeba_en_de_transformer", "multi30k_en_de")])
+def test_tatoeba_models_are_the_multi30k_ones(tatoeba, multi30k):
+    from pathlib import Path
+
+    configs = Path(__file__).parents[1] / "configs"
+    assert load_config(configs / f"{tatoeba}.toml").model == load_config(configs / f"{multi30k}.toml").model
+
+
 def test_config_errors():
     config_from_dict({"model": {"family": "conv_transformer", "conv_kernel": 5}})
     with pytest.raises(AttnkitError, match="conv_kernel = 4 must be a positive odd number"):
