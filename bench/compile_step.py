@@ -1,0 +1,72 @@
+"""What ``attnkit translate --compile`` buys at batch 1: greedy decoding of the first N test_2016_flickr
+sentences one at a time, eager against ``torch.compile`` with Inductor's default (Python) wrapper and with
+its C++ wrapper (what ``attnkit.decode.compile_step`` uses on CPU). Outputs are compared with eager's.
+
+    python bench/compile_step.py --sentences 100    # -> bench/results/compile_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import shlex
+import sys
+import time
+
+import torch
+
+from attnkit.data import load_split
+from attnkit.decode import generate, max_lengths
+from attnkit.evaluate.results import write_results
+from attnkit.models import EOS
+from attnkit.train import load_checkpoint
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default="runs/multi30k_en_de/checkpoints/averaged")
+    ap.add_argument("--sentences", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--out", default="bench/results/compile_step.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model, cfg, toks, _ = load_checkpoint(args.checkpoint)
+    test = load_split(cfg.data, "test", args.data_dir)
+    sources = [s + [EOS] for s in toks.src.encode(test.src[:args.sentences])]
+    d = cfg.decode
+
+    def decode(m) -> list[list[int]]:
+        return [generate(m, torch.tensor([s]), max_lengths(torch.tensor([len(s) - 1]), d.max_len_a, d.max_len_b))[0][0]
+                .tokens for s in sources]
+
+    systems, eager = {}, None
+    for name, options in (("eager", None), ("compiled", {}), ("compiled_cpp_wrapper", {"cpp_wrapper": True})):
+        m = model if options is None else copy.deepcopy(model)
+        start = time.perf_counter()
+        if options is not None:
+            m.step = torch.compile(m.step, dynamic=True, options=options)
+        with torch.no_grad():
+            decode_warm = [generate(m, torch.tensor([s]), max_lengths(torch.tensor([len(s) - 1]), d.max_len_a,
+                                                                      d.max_len_b)) for s in sources[:3]]
+            warm = time.perf_counter() - start
+            start = time.perf_counter()
+            out = decode(m)
+            seconds = time.perf_counter() - start
+        del decode_warm
+        eager = eager or out
+        tokens = sum(map(len, out))
+        systems[name] = {"tokens_per_s": round(tokens / seconds, 1), "tokens": tokens, "seconds": round(seconds, 3),
+                         "compile_and_warmup_seconds": round(warm, 1), "same_as_eager": sum(a == b for a, b in
+                                                                                           zip(out, eager))}
+        print(f"{name:>22}: {systems[name]}", file=sys.stderr)
+    ratio = {k: round(v["tokens_per_s"] / systems["eager"]["tokens_per_s"], 3) for k, v in systems.items()}
+    write_results(args.out, "compile_step", "python " + shlex.join(sys.argv),
+                  metrics={"speed_over_eager": ratio, "sentences": len(sources), "batch_size": 1, "search": "greedy"},
+                  systems=systems, checkpoint=args.checkpoint, threads=args.threads)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
