@@ -1,6 +1,6 @@
 """What ``attnkit translate --compile`` buys at batch 1: greedy decoding of the first N test_2016_flickr
-sentences one at a time, eager against ``torch.compile`` with Inductor's default (Python) wrapper and with
-its C++ wrapper (what ``attnkit.decode.compile_step`` uses on CPU). Outputs are compared with eager's.
+sentences one at a time, eager against ``torch.compile`` with Inductor's default (Python) wrapper, which
+``attnkit.decode.compile_step`` uses, and with its C++ wrapper. Outputs are compared with eager's.
 
     python bench/compile_step.py --sentences 100    # -> bench/results/compile_step.json
 """
