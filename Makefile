@@ -13,9 +13,13 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# glibc's allocator is slow for training's large short-lived tensors; jemalloc (Debian libjemalloc2) when present
+, := ,
+# Freshly mapped memory costs a page fault per 4 KiB on first touch, and a training step allocates the same large
+# tensors again and again: jemalloc (Debian libjemalloc2) when present, told never to hand freed pages back
+# (its default decay made a Multi30k training step 1.24x slower). Without it attnkit's CLI sets glibc the same way
+# (attnkit.memory).
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
-RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC))
+RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
 
 .PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean
 

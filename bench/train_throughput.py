@@ -1,13 +1,16 @@
 """Training throughput side by side: attnkit's Transformer against the same architecture as a Hugging Face
 ``MarianMTModel``, both trained by the same plain loop on the same real Multi30k batches.
 
-Both start from the same weights (attnkit's initialisation, copied into Marian by the exporter's map),
-run the same loss (label-smoothed cross entropy summed over target tokens), backward, clipping and
-Adam step, in training mode with the config's dropout. Throughput counts non-pad target tokens per
-second of training steps. The machine's fp32 matmul peak is measured here with large square
-matmuls; each system's fraction of it is its model FLOPs per second (three times the forward
-FLOPs, counted by ``torch.utils.flop_counter`` on attnkit's model: the same architecture needs the
-same FLOPs, however an implementation spends them) over that peak.
+Both start from the same weights (attnkit's initialisation, copied into Marian by the exporter's map) and
+take the same batches, loss (label-smoothed cross entropy summed over target tokens), backward, clipping
+and fused Adam step, in training mode with the config's dropout. Each computes the loss its own way:
+attnkit with its training loss (``label_smoothed_nll``, which also yields the NLL it logs), Hugging Face
+with what a plain PyTorch loop writes, ``F.cross_entropy(label_smoothing=...)``. Both run in this one
+process with freed memory kept for reuse (``attnkit.memory``), as ``attnkit train`` runs.
+Throughput counts non-pad target tokens per second of training steps. The machine's fp32 matmul peak
+is measured here with large square matmuls; each system's fraction of it is its model FLOPs per second
+(three times the forward FLOPs, counted by ``torch.utils.flop_counter`` on attnkit's model: the same
+architecture needs the same FLOPs, however an implementation spends them) over that peak.
 
     python bench/train_throughput.py            # 60 timed steps each -> bench/results/train_throughput.json
     python bench/train_throughput.py --quick    # 4 steps on 2000 pairs -> train_throughput_quick.json
@@ -25,11 +28,13 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from attnkit.config import load_config
 from attnkit.data import build_tokenizers, collate, encode_pairs, load_split, token_batches
 from attnkit.evaluate.results import write_results
 from attnkit.export.huggingface import copy_to_marian, marian_config
+from attnkit.memory import keep_freed_memory
 from attnkit.models import PAD, build_model
 from attnkit.train import label_smoothed_nll
 
@@ -58,23 +63,29 @@ def forward_flops(model, batches) -> int:
     return counter.get_total_flops()
 
 
-def train_steps(forward, params, batches, cfg, warmup: int) -> tuple[float, int]:
-    """-> (seconds of the timed steps, their non-pad target tokens). The first ``warmup`` steps are not timed."""
-    t = cfg.train
-    opt = torch.optim.Adam(params, lr=t.lr, betas=t.betas, eps=t.eps, fused=True)
-    seconds, tokens = 0.0, 0
-    for i, b in enumerate(batches):
-        start = time.perf_counter()
-        loss, _ = label_smoothed_nll(forward(b), b.tgt_out, t.label_smoothing)
-        n = int(b.tgt_out.ne(PAD).sum())
-        (loss / n).backward()
-        torch.nn.utils.clip_grad_norm_(params, t.clip_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i >= warmup:
-            seconds += time.perf_counter() - start
-            tokens += n
-    return seconds, tokens
+class Trainee:
+    """One system's model, loss and fused Adam, stepped on batches as a plain loop would."""
+
+    def __init__(self, model, loss_sum, cfg):
+        self.model, self.loss_sum, self.clip = model, loss_sum, cfg.train.clip_norm
+        self.params = list(model.parameters())
+        t = cfg.train
+        self.opt = torch.optim.Adam(self.params, lr=t.lr, betas=t.betas, eps=t.eps, fused=True)
+        self.seconds, self.tokens = 0.0, 0
+
+    def run(self, batches, timed: bool = True) -> None:
+        self.model.train()
+        for b in batches:
+            start = time.perf_counter()
+            loss = self.loss_sum(b)
+            n = int(b.tgt_out.ne(PAD).sum())
+            (loss / n).backward()
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            if timed:
+                self.seconds += time.perf_counter() - start
+                self.tokens += n
 
 
 def model_matmuls(model, batch) -> list[tuple[int, int, int, int]]:
@@ -122,6 +133,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60, help="timed steps per system")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=4, help="the timed steps are split into rounds the systems alternate")
     ap.add_argument("--spm", default="runs/multi30k_en_de/spm.model",
                     help="the run's SentencePiece model, if there (else one is trained on the training data)")
     ap.add_argument("--data-dir")
@@ -130,6 +142,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.steps, args.warmup = 4, 1
+    keep_freed_memory()
 
     cfg = load_config(args.config)
     if args.quick:
@@ -154,14 +167,30 @@ def main() -> int:
     hf = MarianMTModel(marian_config(cfg, toks.src.vocab_size, toks.tgt.vocab_size))
     copy_to_marian(ours, hf)  # the same initial weights
 
+    eps = cfg.train.label_smoothing
+
+    def attnkit_loss(b):
+        return label_smoothed_nll(ours(b.src, b.tgt_in), b.tgt_out, eps)[0]
+
+    def huggingface_loss(b):
+        logits = hf(input_ids=b.src, attention_mask=b.src.ne(PAD), decoder_input_ids=b.tgt_in).logits
+        return F.cross_entropy(logits.flatten(0, 1), b.tgt_out.flatten(), ignore_index=PAD, label_smoothing=eps,
+                               reduction="sum")
+
+    trainees = {"attnkit": Trainee(ours, attnkit_loss, cfg), "huggingface_marian": Trainee(hf, huggingface_loss, cfg)}
+    for trainee in trainees.values():
+        trainee.run(batches[: args.warmup], timed=False)
+    # the timed batches in rounds, the systems taking turns (and swapping who goes first), so that drift in the
+    # machine's speed falls on both alike
+    timed = batches[args.warmup:]
+    per_round = -(-len(timed) // args.rounds)
+    for r in range(args.rounds):
+        names = list(trainees) if r % 2 == 0 else list(reversed(trainees))
+        for name in names:
+            trainees[name].run(timed[r * per_round: (r + 1) * per_round])
     systems = {}
-    for name, model, forward in (
-        ("attnkit", ours, lambda b: ours(b.src, b.tgt_in)),
-        ("huggingface_marian", hf, lambda b: hf(input_ids=b.src, attention_mask=b.src.ne(PAD),
-                                                decoder_input_ids=b.tgt_in).logits),
-    ):
-        model.train()
-        seconds, tokens = train_steps(forward, list(model.parameters()), batches, cfg, args.warmup)
+    for name, trainee in trainees.items():
+        seconds, tokens = trainee.seconds, trainee.tokens
         achieved = model_flops / seconds / 1e9
         systems[name] = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
                          "target_tokens": tokens, "model_gflop_per_s": round(achieved, 2),
@@ -185,7 +214,7 @@ def main() -> int:
     command = " ".join(["python", *sys.argv])
     write_results(out, "train_throughput", command, metrics, systems=systems,
                   ratios={"attnkit_over_huggingface_tokens_per_s": round(speedup, 3)}, quick=args.quick,
-                  config=args.config, steps=args.steps, warmup=args.warmup, threads=args.threads,
+                  config=args.config, steps=args.steps, warmup=args.warmup, rounds=args.rounds, threads=args.threads,
                   model_flops_per_timed_step=model_flops // max(1, args.steps))
     print(out)
     return 0

@@ -70,6 +70,30 @@ def test_label_smoothed_nll_gradients():
     assert logits.grad[target.ne(0)].abs().sum() > 0
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("sharpness", [1.0, 50.0])  # 50: most probabilities underflow to 0
+def test_label_smoothed_nll_equals_pytorch_cross_entropy_in_value_and_gradient(eps, sharpness):
+    logits, target = _loss_inputs(2)
+    logits = logits * sharpness
+    ours = logits.double().requires_grad_(True)
+    theirs = logits.double().requires_grad_(True)
+    loss, _ = label_smoothed_nll(ours, target, eps)
+    ref = F.cross_entropy(theirs.view(-1, 11), target.view(-1), ignore_index=0, label_smoothing=eps, reduction="sum")
+    (2.5 * loss).backward()
+    (2.5 * ref).backward()
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_label_smoothed_nll_refuses_a_second_backward():
+    logits, target = _loss_inputs(3)
+    logits.requires_grad_(True)
+    loss, _ = label_smoothed_nll(logits, target, 0.1)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 # --- learning-rate schedules
 
 

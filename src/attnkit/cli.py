@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from attnkit.errors import AttnkitError
+from attnkit.memory import keep_freed_memory
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -400,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory()
     try:
         return args.func(args)
     except AttnkitError as e:

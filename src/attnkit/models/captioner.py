@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
 from attnkit.models.transformer import Memory, Transformer
-from attnkit.nn import LearnedPositionalEmbedding, make_score
+from attnkit.nn import Dropout, LearnedPositionalEmbedding, make_score
 
 
 def grid_memory(features: Tensor) -> Memory:
@@ -61,7 +61,7 @@ class ShowAttendTell(nn.Module):
         self.L_h = nn.Linear(d, d)
         self.L_z = nn.Linear(dz, d)
         self.L_o = nn.Linear(d, vocab_size)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def encode(self, features: Tensor) -> Memory:
         return grid_memory(features)
@@ -114,7 +114,7 @@ class TransformerCaptioner(Transformer):
         del self.src_embed
         self.feature_proj = nn.Sequential(nn.Linear(cfg.d_feature, cfg.d_model), nn.LayerNorm(cfg.d_model))
         self.cell_positions = LearnedPositionalEmbedding(cfg.d_model, n_cells)
-        self.feature_dropout = nn.Dropout(cfg.dropout)
+        self.feature_dropout = Dropout(cfg.dropout)
 
     def encode(self, features: Tensor, need_weights: bool = False):
         """features [B, L, D] -> Memory over the self-attended grid (and each layer's weights)."""

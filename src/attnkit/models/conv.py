@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
 from attnkit.models.transformer import PAD, Memory, Transformer
+from attnkit.nn import Dropout
 
 
 class GatedConv(nn.Module):
@@ -39,7 +40,7 @@ class GatedConv(nn.Module):
         nn.init.zeros_(self.conv.bias)
         reach = dilation * (kernel_size - 1)
         self.padding = (reach, 0) if causal else (reach // 2, reach // 2)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """padding_mask [B, S] (True = pad): those positions are zeroed before the convolution, so they

@@ -25,7 +25,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnkit.config import ModelConfig
 from attnkit.models.transformer import PAD, Memory
-from attnkit.nn import make_score, masked_softmax
+from attnkit.nn import Dropout, make_score, masked_softmax
 
 
 @dataclass
@@ -94,7 +94,7 @@ class _RNNTranslator(nn.Module):
         self.readout = Maxout(d + cfg.d_ff + d_context, d)
         self.output = nn.Linear(d, tgt_vocab_size)
         self.output.weight = self.tgt_embed.weight
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def _gru(self, d_in: int, layers: int, bidirectional: bool = False) -> nn.GRU:
         return nn.GRU(d_in, self.cfg.d_ff, layers, batch_first=True, bidirectional=bidirectional,

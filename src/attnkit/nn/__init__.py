@@ -16,6 +16,7 @@ from attnkit.nn.attention import (
     scaled_dot_score,
 )
 from attnkit.nn.blocks import DecoderLayer, EncoderLayer, FeedForward
+from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.positional import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
@@ -38,6 +39,7 @@ __all__ = [
     "IMAGE_SIZE",
     "AdditiveScore", "DotScore", "Score",
     "DecoderLayer",
+    "Dropout",
     "EfficientNetLite0",
     "EncoderLayer",
     "FeedForward",
@@ -50,6 +52,7 @@ __all__ = [
     "attend",
     "causal_mask",
     "dot_score",
+    "dropout",
     "grid_shape",
     "imagenet_class_names",
     "load_pretrained",

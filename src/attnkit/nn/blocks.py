@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.nn.attention import KVCache, MultiHeadAttention
+from attnkit.nn.dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -21,7 +22,7 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -33,7 +34,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> tuple[Tensor, tuple]:

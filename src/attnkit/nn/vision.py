@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from attnkit.errors import AttnkitError
+from attnkit.nn.dropout import Dropout
 from attnkit.packages import package_file
 
 IMAGE_SIZE = 224
@@ -151,7 +152,7 @@ class EfficientNetLite0(nn.Module):
             self.stage_ends.append(len(blocks))
         self.blocks = nn.ModuleList(blocks)
         self.head = ConvBN(c_in, HEAD)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(HEAD, num_classes)
 
     def forward_features(self, images: Tensor, grid: str | None = None) -> Tensor:
