@@ -18,6 +18,7 @@ import torch
 from attnkit.data import load_split
 from attnkit.decode import generate, max_lengths
 from attnkit.evaluate.results import write_results
+from attnkit.memory import keep_freed_memory
 from attnkit.models import EOS
 from attnkit.train import load_checkpoint
 
@@ -30,6 +31,7 @@ def main() -> int:
     ap.add_argument("--data-dir")
     ap.add_argument("--out", default="bench/results/compile_step.json")
     args = ap.parse_args()
+    keep_freed_memory()  # as the attnkit command line does
     torch.set_num_threads(args.threads)
     model, cfg, toks, _ = load_checkpoint(args.checkpoint)
     test = load_split(cfg.data, "test", args.data_dir)

@@ -30,6 +30,7 @@ from attnkit.data import load_split, pad
 from attnkit.decode import compile_step, generate, max_lengths
 from attnkit.evaluate import bleu
 from attnkit.evaluate.results import write_results
+from attnkit.memory import keep_freed_memory
 from attnkit.models import EOS, PAD
 from attnkit.train import load_checkpoint
 
@@ -85,6 +86,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="16 sentences")
     ap.add_argument("--out", help="default bench/results/translate_throughput.json (..._quick.json with --quick)")
     args = ap.parse_args()
+    keep_freed_memory()  # as the attnkit command line does
     if args.quick:
         args.sentences = 16
     torch.set_num_threads(args.threads)

@@ -31,7 +31,7 @@ class DecoderState:
 
     memory: Memory
     static_kv: list[KVCache]
-    caches: list[KVCache | None]
+    caches: list[KVCache]
     offset: int = 0
 
     def select(self, indices: Tensor) -> DecoderState:
@@ -39,7 +39,7 @@ class DecoderState:
         return DecoderState(
             self.memory.select(indices),
             [kv.select(indices) for kv in self.static_kv],
-            [None if c is None else c.select(indices) for c in self.caches],
+            [c.select(indices) for c in self.caches],
             self.offset,
         )
 
@@ -106,7 +106,9 @@ class Transformer(nn.Module):
 
     def init_state(self, memory: Memory) -> DecoderState:
         static_kv = [layer.cross_attn.project_memory(memory.states) for layer in self.decoder]
-        return DecoderState(memory, static_kv, [None] * len(self.decoder))
+        b, h, _, d_head = static_kv[0].keys.shape
+        empty = static_kv[0].keys.new_zeros(b, h, 0, d_head)  # no step yet: every step then has the same kind
+        return DecoderState(memory, static_kv, [KVCache(empty, empty) for _ in self.decoder])
 
     def step(self, tokens: Tensor, state: DecoderState, need_weights: bool = False):
         """tokens [B] (the previous outputs) -> (log_probs [B, V], new state, attention).
@@ -116,7 +118,7 @@ class Transformer(nn.Module):
         x = self.tgt_embed(tokens[:, None], offset=state.offset)
         caches, attn = [], None
         for layer, kv, cache in zip(self.decoder, state.static_kv, state.caches):
-            x, w, cache = layer(x, None, state.memory.padding_mask, cache=_empty_if_none(cache, kv),
+            x, w, cache = layer(x, None, state.memory.padding_mask, cache=cache,
                                 static_kv=kv, need_weights=need_weights)
             caches.append(cache)
             if w is not None:
@@ -126,11 +128,3 @@ class Transformer(nn.Module):
         logits = self.output(self.decoder_norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), DecoderState(state.memory, state.static_kv, caches,
                                                                     state.offset + 1), attn
-
-
-def _empty_if_none(cache: KVCache | None, like: KVCache) -> KVCache:
-    if cache is not None:
-        return cache
-    b, h, _, dh = like.keys.shape
-    empty = like.keys.new_zeros(b, h, 0, dh)
-    return KVCache(empty, empty)

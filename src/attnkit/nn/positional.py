@@ -37,6 +37,13 @@ class SinusoidalPositionalEncoding(nn.Module):
             self.table = sinusoidal_table(int(positions.max()) * 2, self.table.size(1)).to(self.table.device)
         return self.table[positions]
 
+    def span(self, offset: int, length: int) -> Tensor:
+        """Positions offset .. offset + length - 1 -> [length, d_model]; Python ints, so torch.compile traces it
+        without a data-dependent branch."""
+        if offset + length > self.table.size(0):
+            self.table = sinusoidal_table(2 * (offset + length), self.table.size(1)).to(self.table.device)
+        return self.table[offset:offset + length]
+
 
 class LearnedPositionalEmbedding(nn.Module):
     def __init__(self, d_model: int, max_positions: int = 1024):
@@ -51,6 +58,12 @@ class LearnedPositionalEmbedding(nn.Module):
         if positions.max() >= self.embedding.num_embeddings:
             raise ValueError(f"position {int(positions.max())} beyond max_positions={self.embedding.num_embeddings}")
         return self.embedding(positions)
+
+    def span(self, offset: int, length: int) -> Tensor:
+        """Positions offset .. offset + length - 1 -> [length, d_model]."""
+        if offset + length > self.embedding.num_embeddings:
+            raise ValueError(f"position {offset + length - 1} beyond max_positions={self.embedding.num_embeddings}")
+        return self.embedding.weight[offset:offset + length]
 
 
 def make_positional(kind: str, d_model: int, max_positions: int) -> nn.Module:
@@ -82,5 +95,4 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """tokens [B, T] -> [B, T, d_model]; ``offset`` is the position of the first token (decoding)."""
-        positions = torch.arange(offset, offset + tokens.size(1), device=tokens.device)
-        return self.dropout(self.tokens(tokens) * self.scale + self.positional(positions))
+        return self.dropout(self.tokens(tokens) * self.scale + self.positional.span(offset, tokens.size(1)))
