@@ -178,17 +178,22 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
 
 
-def compile_step(model):
-    """Replace ``model.step`` by its ``torch.compile``d self, for inference (CPU or GPU); returns the model.
+def compile_step(model, cpp_wrapper: bool = True):
+    """Compile ``model.step``, ``model.encode`` and ``model.init_state`` with ``torch.compile``, for inference
+    (CPU or GPU); returns the model.
 
     Shapes are dynamic (the batch shrinks, the cache grows every step), so one graph serves every step
-    after a compilation on first use (about a minute for the Multi30k model on this CPU). The compiled
+    after the first two (cache lengths 0 and 1 are compiled apart), and one the encoder, whatever the source
+    length. Compiling costs about a minute on first use for the Multi30k model on this CPU. The compiled
     kernels may round differently from eager ones: ``bench/translate_throughput.py`` counts the outputs
-    that differ and scores both. Training is not compiled: here it made a training step slower.
-    Inductor's C++ wrapper (``options={"cpp_wrapper": True}``) is not used: ``bench/compile_step.py``
-    measured it within this machine's run-to-run noise of the default wrapper.
+    that differ and scores both. Inductor's C++ wrapper (``cpp_wrapper``) calls the kernels from C++
+    instead of generated Python: at batch 1, where a step is a few microseconds of arithmetic per kernel,
+    ``bench/compile_step.py`` measures it against the default wrapper. Training is not compiled: here it made
+    a training step slower.
     """
-    model.step = torch.compile(model.step, dynamic=True)
+    options = {"cpp_wrapper": cpp_wrapper}
+    for name in ("step", "encode", "init_state"):
+        setattr(model, name, torch.compile(getattr(model, name), dynamic=True, options=options))
     return model
 
 

@@ -245,14 +245,12 @@ class MultiHeadAttention(nn.Module):
             else:
                 empty = None
                 if mask is not None and key_padding_mask is not None:
-                    # a sequence that is all padding has no key to attend to: give it zeros, not NaN
-                    empty = key_padding_mask.all(dim=-1)
-                    if empty.any():
-                        mask = mask | empty[:, None, None, None]
-                    else:
-                        empty = None
+                    # a sequence that is all padding has no key to attend to: give it zeros, not NaN (without
+                    # branching on the data, which would split a torch.compile graph)
+                    empty = key_padding_mask.all(dim=-1)[:, None, None, None]
+                    mask = mask | empty
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
                 if empty is not None:
-                    out = out.masked_fill(empty[:, None, None, None], 0.0)
+                    out = out.masked_fill(empty, 0.0)
         out = out.transpose(1, 2).reshape(queries.size(0), t, d)
         return self.out_proj(out), weights, cache
