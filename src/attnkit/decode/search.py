@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 BOS, EOS = 2, 3
 
@@ -62,6 +62,8 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
     """
     n, limit = max_lens.size(0), int(max_lens.max())
     rows = torch.arange(n)  # the batch row of each sentence still decoding; finished ones leave the batch
+    every_row = True  # no sentence has left yet: rows[i] == i, and plain slices index the outputs
+    row_limits = max_lens
     tokens = torch.full((n,), BOS, dtype=torch.long)
     out = torch.full((n, limit), EOS, dtype=torch.long)
     step_scores, attn_all, steps = torch.zeros(n, limit), None, 0
@@ -74,22 +76,25 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
         else:
             logits = filter_logits(log_probs / temperature, top_k, top_p)
             tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
-        tokens = torch.where(t + 1 >= max_lens[rows], torch.full_like(tokens, EOS), tokens)  # force an end
-        step_scores[rows, t] = log_probs.gather(1, tokens[:, None]).squeeze(1)
-        out[rows, t] = tokens
+        tokens = tokens.masked_fill(row_limits <= t + 1, EOS)  # force an end
+        at = (slice(None) if every_row else rows, t)
+        step_scores[at] = log_probs.gather(1, tokens[:, None]).squeeze(1)
+        out[at] = tokens
         steps = t + 1
         if attn is not None:
             if attn_all is None:
                 attn_all = attn.new_zeros(n, limit, attn.size(-1))  # [N, T, S]
-            attn_all[rows, t] = attn
+            attn_all[at] = attn
         if on_token is not None:
             on_token(out[:, t])
         going = tokens.ne(EOS)
-        if not going.any():
+        n_going = int(going.sum())  # one synchronisation a step
+        if n_going == 0:
             break
-        if not going.all():  # drop finished sentences, so later steps compute only the live ones
+        if n_going < tokens.size(0):  # drop finished sentences, so later steps compute only the live ones
             keep = going.nonzero().squeeze(1)
-            state, rows, tokens = state.select(keep), rows[keep], tokens[keep]
+            state, rows, tokens, row_limits = state.select(keep), rows[keep], tokens[keep], row_limits[keep]
+            every_row = False
     hyps = []
     for i, row in enumerate(out[:, :steps].tolist()):
         length = row.index(EOS) if EOS in row else len(row)
@@ -178,10 +183,25 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
 
 
+class _OutputProjection(nn.Module):
+    """``nn.Linear`` with its weight kept as [d_in, d_out]: ``x @ W^T`` without a transposed operand."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.register_buffer("weight_t", linear.weight.detach().t().contiguous())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = x @ self.weight_t
+        return out if self.bias is None else out + self.bias
+
+
 def compile_step(model, cpp_wrapper: bool = True):
     """Compile ``model.step``, ``model.encode`` and ``model.init_state`` with ``torch.compile``, for inference
     (CPU or GPU); returns the model.
 
+    The output projection's [V, d] matrix is stored transposed, [d, V] (a copy: the model is for inference
+    from then on): at batch 1 a product with it measured 52 against 95 microseconds for the 6k vocabulary.
     Shapes are dynamic (the batch shrinks, the cache grows every step), so one graph serves every step
     after the first two (cache lengths 0 and 1 are compiled apart), and one the encoder, whatever the source
     length. Compiling costs about a minute on first use for the Multi30k model on this CPU. The compiled
@@ -192,6 +212,8 @@ def compile_step(model, cpp_wrapper: bool = True):
     a training step slower.
     """
     options = {"cpp_wrapper": cpp_wrapper}
+    if isinstance(getattr(model, "output", None), nn.Linear):
+        model.output = _OutputProjection(model.output)
     for name in ("step", "encode", "init_state"):
         setattr(model, name, torch.compile(getattr(model, name), dynamic=True, options=options))
     return model
