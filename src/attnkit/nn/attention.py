@@ -245,10 +245,13 @@ class MultiHeadAttention(nn.Module):
             else:
                 empty = None
                 if mask is not None and key_padding_mask is not None:
-                    # a sequence that is all padding has no key to attend to: give it zeros, not NaN (without
-                    # branching on the data, which would split a torch.compile graph)
+                    # a sequence that is all padding has no key to attend to: give it zeros, not NaN. Eager code
+                    # skips that when no row is empty (the usual case); a compiled graph must not branch on data
                     empty = key_padding_mask.all(dim=-1)[:, None, None, None]
-                    mask = mask | empty
+                    if torch.compiler.is_compiling() or empty.any():
+                        mask = mask | empty
+                    else:
+                        empty = None
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
                 if empty is not None:
                     out = out.masked_fill(empty, 0.0)
