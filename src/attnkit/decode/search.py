@@ -204,7 +204,7 @@ def compile_step(model, cpp_wrapper: bool = True):
     from then on): at batch 1 a product with it measured 52 against 95 microseconds for the 6k vocabulary.
     Shapes are dynamic (the batch shrinks, the cache grows every step), so one graph serves every step
     after the first two (cache lengths 0 and 1 are compiled apart), and one the encoder, whatever the source
-    length. Compiling costs about a minute on first use for the Multi30k model on this CPU. The compiled
+    length. Compiling took 35 to 40 s on first use for the Multi30k model on this CPU. The compiled
     kernels may round differently from eager ones: ``bench/translate_throughput.py`` counts the outputs
     that differ and scores both. Inductor's C++ wrapper (``cpp_wrapper``) calls the kernels from C++
     instead of generated Python: at batch 1, where a step is a few microseconds of arithmetic per kernel,
