@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.decode import beam_search, compile_step, filter_logits, greedy, max_lengths, sample, translate
+from attnkit.decode import beam_search, compile_step, filter_logits, generate, greedy, max_lengths, sample, translate
 from attnkit.models import BOS, EOS, PAD
 from conftest import make_model, random_src, toy_trained_model
 
@@ -300,6 +300,18 @@ def test_translate_keeps_order_and_batching_does_not_matter(trained_checkpoint):
         assert a.text == b.text == c.text
         assert a.hypotheses[0].tokens == b.hypotheses[0].tokens
         assert a.text[0] == toks.tgt.decode(a.hypotheses[0].tokens)
+
+
+def test_generate_records_no_autograd_graph(model, src):
+    grad_modes = []
+    encode = model.encode
+    model.encode = lambda *args, **kwargs: (grad_modes.append(torch.is_grad_enabled()), encode(*args, **kwargs))[1]
+    try:
+        for beam in (1, 3):
+            generate(model, src, _max_lens(src), beam_size=beam)
+    finally:
+        del model.encode
+    assert grad_modes == [False, False]  # the encoder too: its activations are never kept for a backward
 
 
 # --- torch.compile

@@ -219,11 +219,12 @@ def compile_step(model, cpp_wrapper: bool = True):
     return model
 
 
+@torch.no_grad()
 def generate(model, src, max_lens: Tensor, beam_size: int = 1, len_penalty: float = 1.0, n_best: int = 1,
              need_weights: bool = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
     """Encode ``src`` once, then search: beam search when ``beam_size > 1``, else greedy (``temperature == 0``)
-    or sampling. Returns the n-best list of every batch row."""
+    or sampling. Returns the n-best list of every batch row. No autograd graph is recorded, encoder included."""
     state = model.init_state(model.encode(src))
     if beam_size > 1 and temperature == 0:
         return beam_search(model, state, max_lens, beam_size, len_penalty, n_best, need_weights)
