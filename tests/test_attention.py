@@ -367,14 +367,14 @@ def test_sinusoidal_table_matches_the_paper(d_model):
 
 def test_sinusoidal_encoding_grows_beyond_max_positions():
     pe = SinusoidalPositionalEncoding(8, max_positions=4)
-    out = pe(torch.arange(10))
+    out = pe(10)
     assert torch.allclose(out, sinusoidal_table(10, 8), atol=1e-7)
     pe = SinusoidalPositionalEncoding(8, max_positions=4)
-    assert torch.allclose(pe.span(3, 9), sinusoidal_table(12, 8)[3:], atol=1e-7)  # a decoding step's positions
+    assert torch.allclose(pe(9, offset=3), sinusoidal_table(12, 8)[3:], atol=1e-7)  # a decoding step's positions
 
 
-def test_learned_positions_span_is_the_lookup_and_refuses_beyond_max_positions():
+def test_learned_positions_are_the_lookup_and_refuse_beyond_max_positions():
     pe = LearnedPositionalEmbedding(8, max_positions=6)
-    assert torch.equal(pe.span(2, 3), pe(torch.arange(2, 5)))
+    assert torch.equal(pe(3, offset=2), pe.embedding(torch.arange(2, 5)))
     with pytest.raises(ValueError, match="beyond max_positions=6"):
-        pe.span(4, 3)
+        pe(3, offset=4)

@@ -51,9 +51,8 @@ class BertEncoder(nn.Module):
 
         With ``need_weights`` also returns each layer's self-attention weights [B, H, S, S].
         """
-        positions = torch.arange(tokens.size(1), device=tokens.device)
         types = torch.zeros_like(tokens) if token_types is None else token_types
-        x = self.tokens(tokens) + self.positions(positions) + self.token_types(types)
+        x = self.tokens(tokens) + self.positions(tokens.size(1)) + self.token_types(types)
         x = self.dropout(self.embed_norm(x))
         all_weights = []
         for layer in self.layers:

@@ -118,7 +118,7 @@ class TransformerCaptioner(Transformer):
 
     def encode(self, features: Tensor, need_weights: bool = False):
         """features [B, L, D] -> Memory over the self-attended grid (and each layer's weights)."""
-        x = self.feature_proj(features) + self.cell_positions(torch.arange(features.size(1)))
+        x = self.feature_proj(features) + self.cell_positions(features.size(1))
         x = self.feature_dropout(x)
         all_weights = []
         for layer in self.encoder:

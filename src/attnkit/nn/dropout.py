@@ -44,7 +44,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
-    if p == 1.0 or round(p * _LEVELS) == _LEVELS:
+    if round(p * _LEVELS) == _LEVELS:  # p = 1, or within 1/65536 of it
         return x * 0.0
     if x.device.type != "cpu" or not x.is_floating_point():
         return F.dropout(x, p, True)

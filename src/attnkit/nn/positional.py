@@ -31,15 +31,9 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
 
-    def forward(self, positions: Tensor) -> Tensor:
-        """positions [..., T] (ints) -> [..., T, d_model]."""
-        if positions.max() >= self.table.size(0):
-            self.table = sinusoidal_table(int(positions.max()) * 2, self.table.size(1)).to(self.table.device)
-        return self.table[positions]
-
-    def span(self, offset: int, length: int) -> Tensor:
-        """Positions offset .. offset + length - 1 -> [length, d_model]; Python ints, so torch.compile traces it
-        without a data-dependent branch."""
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Positions offset .. offset + length - 1 -> [length, d_model]. Python ints, not a tensor of positions:
+        torch.compile then traces a decoding step without a data-dependent branch."""
         if offset + length > self.table.size(0):
             self.table = sinusoidal_table(2 * (offset + length), self.table.size(1)).to(self.table.device)
         return self.table[offset:offset + length]
@@ -54,12 +48,7 @@ class LearnedPositionalEmbedding(nn.Module):
         # plateau far longer (runs/ts_sweep: validation 2.48 vs 2.22 after 400 steps)
         nn.init.normal_(self.embedding.weight, std=1.0)
 
-    def forward(self, positions: Tensor) -> Tensor:
-        if positions.max() >= self.embedding.num_embeddings:
-            raise ValueError(f"position {int(positions.max())} beyond max_positions={self.embedding.num_embeddings}")
-        return self.embedding(positions)
-
-    def span(self, offset: int, length: int) -> Tensor:
+    def forward(self, length: int, offset: int = 0) -> Tensor:
         """Positions offset .. offset + length - 1 -> [length, d_model]."""
         if offset + length > self.embedding.num_embeddings:
             raise ValueError(f"position {offset + length - 1} beyond max_positions={self.embedding.num_embeddings}")
@@ -95,4 +84,4 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """tokens [B, T] -> [B, T, d_model]; ``offset`` is the position of the first token (decoding)."""
-        return self.dropout(self.tokens(tokens) * self.scale + self.positional.span(offset, tokens.size(1)))
+        return self.dropout(self.tokens(tokens) * self.scale + self.positional(tokens.size(1), offset))
