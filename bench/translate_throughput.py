@@ -113,9 +113,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         hf = load_marian(export_huggingface(path, Path(tmp) / "marian"))
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
-        # attnkit's decoding step under torch.compile (``attnkit translate --compile``), on a copy of the model
+        # attnkit's decoding step under torch.compile, on copies of the model: as ``attnkit translate --compile``
+        # does, with frozen (prepacked) weights unless a step decodes one row (batch 1, greedy)
+        one_row = attnkit_decoder(compile_step(copy.deepcopy(model)))
+        frozen = attnkit_decoder(compile_step(copy.deepcopy(model), freeze=True))
+
+        def compiled(src, lens, beam, len_penalty):
+            return (one_row if beam == 1 and src.size(0) == 1 else frozen)(src, lens, beam, len_penalty)
+
         decoders = {"attnkit": attnkit_decoder(model),
-                    "attnkit_compiled": attnkit_decoder(compile_step(copy.deepcopy(model))),
+                    "attnkit_compiled": compiled,
                     "huggingface": hf_decoder(hf),
                     "ctranslate2_fp32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),
                     "ctranslate2_int8": ct2_decoder(ct2.translator(ct2_dir, "int8", args.threads), toks)}

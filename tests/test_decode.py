@@ -9,7 +9,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.decode import beam_search, compile_step, filter_logits, generate, greedy, max_lengths, sample, translate
+from attnkit.decode import (
+    Hypothesis,
+    beam_search,
+    compile_step,
+    filter_logits,
+    generate,
+    greedy,
+    max_lengths,
+    ranking,
+    sample,
+    translate,
+)
 from attnkit.models import BOS, EOS, PAD
 from conftest import make_model, random_src, toy_trained_model
 
@@ -116,6 +127,22 @@ def test_state_select_reorders_rows(model, src):
         assert (alone[0] - picked[r]).abs().max() <= 1e-5
 
 
+@torch.no_grad()
+def test_select_same_source_keeps_source_side(model, src):
+    """Reordering beams within their sentence: the source side is kept as it is, and the next step is the same."""
+    k = 3
+    state = _init(model, src).select(torch.arange(src.size(0)).repeat_interleave(k))
+    tokens = torch.arange(src.size(0) * k) % 7 + 4
+    _, state, _ = model.step(tokens, state)
+    g = torch.Generator().manual_seed(0)
+    order = (torch.randint(0, k, (src.size(0), k), generator=g) + torch.arange(src.size(0))[:, None] * k).view(-1)
+    kept = state.select(order, same_source=True)
+    assert kept.memory is state.memory and kept.static_kv is state.static_kv
+    a, _, _ = model.step(tokens, kept)
+    b, _, _ = model.step(tokens, state.select(order))
+    assert torch.equal(a, b)
+
+
 # --- greedy and beam search
 
 
@@ -134,7 +161,11 @@ def _reference_greedy(model, src, max_len):
 
 
 @pytest.mark.parametrize("use_bias", [False, True])
-def test_greedy_equals_reference(model, biased, src, use_bias):
+@pytest.mark.parametrize("chunk", [128, 2])
+def test_greedy_equals_reference(model, biased, src, use_bias, chunk, monkeypatch):
+    """Argmax over the vocabulary directly, and through chunk maxima (``attnkit.decode.ranking``)."""
+    monkeypatch.setattr(ranking, "CHUNK", chunk)
+    monkeypatch.setattr(ranking, "SMALL", 0)
     m = biased if use_bias else model
     lens = _max_lens(src)
     hyps = greedy(m, _init(m, src), lens)
@@ -195,6 +226,85 @@ def test_beam_search_n_best_sorted_and_scored(biased, src):
     best = beam_search(biased, _init(biased, src), lens, beam_size=k, len_penalty=lp, n_best=1)
     assert [b[0].tokens for b in best] == [r[0].tokens for r in results]
     assert all(len(b) == 1 for b in best)
+
+
+@torch.no_grad()
+def _reference_beam_search(model, state, max_lens, k, len_penalty, need_weights=False):
+    """Beam search as first written, one candidate at a time in Python: the oracle for the batched ranking."""
+    n = max_lens.size(0)
+    state = state.select(torch.arange(n).repeat_interleave(k))
+    live, limits = list(range(n)), max_lens.tolist()
+    scores = torch.full((n, k), float("-inf"))
+    scores[:, 0] = 0.0
+    history, attn_history = [[] for _ in range(n * k)], [None] * (n * k)
+    tokens = torch.full((n * k,), BOS, dtype=torch.long)
+    finished = [[] for _ in range(n)]
+    for t in range(max(limits)):
+        log_probs, state, attn = model.step(tokens, state, need_weights)
+        m, v = len(live), log_probs.size(-1)
+        log_probs = log_probs.view(m, k, v).clone()
+        for j, s in enumerate(live):
+            if t + 1 >= limits[s]:
+                eos = log_probs[j, :, EOS].clone()
+                log_probs[j] = float("-inf")
+                log_probs[j, :, EOS] = eos
+        top_scores, top_idx = (scores[:, :, None] + log_probs).view(m, k * v).topk(2 * k, dim=1)
+        next_rows, next_scores, next_live = [], [], []
+        for j, s in enumerate(live):
+            chosen = []
+            for score, idx in zip(top_scores[j].tolist(), top_idx[j].tolist()):
+                if score == float("-inf"):
+                    break
+                row, token = j * k + idx // v, idx % v
+                a = None
+                if attn is not None:
+                    a = attn[row][None]
+                    if attn_history[row] is not None:
+                        a = torch.cat([attn_history[row], a])
+                if token == EOS:
+                    if len(finished[s]) < k:
+                        finished[s].append(Hypothesis(history[row], score / (t + 1) ** len_penalty, a))
+                else:
+                    chosen.append((row, score, token, a))
+                if len(chosen) == k:
+                    break
+            if len(finished[s]) >= k or not chosen:
+                continue
+            chosen += [(chosen[0][0], float("-inf"), chosen[0][2], chosen[0][3])] * (k - len(chosen))
+            next_live.append(s)
+            for row, score, token, a in chosen:
+                next_rows.append((row, token, a))
+                next_scores.append(score)
+        live = next_live
+        if not live:
+            break
+        rows = torch.tensor([r for r, _, _ in next_rows])
+        state = state.select(rows)
+        tokens = torch.tensor([tok for _, tok, _ in next_rows])
+        history = [history[r] + [tok] for r, tok, _ in next_rows]
+        attn_history = [a for _, _, a in next_rows]
+        scores = torch.tensor(next_scores).view(len(live), k)
+    return [sorted(f, key=lambda h: -h.score) for f in finished]
+
+
+@pytest.mark.parametrize("use_bias,k,len_penalty,a,b", [(False, 4, 1.0, 1.0, 4), (True, 3, 0.6, 1.5, 2),
+                                                        (True, 5, 1.2, 0.5, 1), (True, 1, 1.0, 1.0, 4)])
+@pytest.mark.parametrize("chunk", [128, 2])
+def test_beam_search_equals_reference(model, biased, src, use_bias, k, len_penalty, a, b, chunk, monkeypatch):
+    """The batched tensor ranking finds the same hypotheses, scores and attention as the plain Python oracle,
+    sentences stopping early or at the length limit (a short limit forces EOS); with chunks of 2 the
+    23-token vocabulary is ranked through chunk maxima (``attnkit.decode.ranking``), with 128 directly."""
+    monkeypatch.setattr(ranking, "CHUNK", chunk)
+    monkeypatch.setattr(ranking, "SMALL", 0)
+    m = biased if use_bias else model
+    lens = _max_lens(src, a, b)
+    got = beam_search(m, _init(m, src), lens, beam_size=k, len_penalty=len_penalty, n_best=k, need_weights=True)
+    want = _reference_beam_search(m, _init(m, src), lens, k, len_penalty, need_weights=True)
+    for g, w in zip(got, want):
+        assert [h.tokens for h in g] == [h.tokens for h in w]
+        for x, y in zip(g, w):
+            assert math.isclose(x.score, y.score, rel_tol=1e-6, abs_tol=1e-6)
+            assert torch.equal(x.attention, y.attention)
 
 
 @pytest.mark.parametrize("use_bias", [False, True])
@@ -318,10 +428,11 @@ def test_generate_records_no_autograd_graph(model, src):
 
 
 @torch.no_grad()
-def test_a_compiled_step_decodes_like_the_eager_one(model, src):
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_compiled_step_decodes_like_the_eager_one(model, src, freeze):
     """``attnkit translate --compile``: greedy and beam outputs and their scores as eager decoding gives them,
-    over batches that shrink as sentences end (dynamic shapes)."""
-    compiled = compile_step(copy.deepcopy(model))
+    over batches that shrink as sentences end (dynamic shapes), with the weights frozen and prepacked or not."""
+    compiled = compile_step(copy.deepcopy(model), freeze=freeze)
     lens = _max_lens(src)
     for search in (lambda m: [[h] for h in greedy(m, _init(m, src), lens)],
                    lambda m: beam_search(m, _init(m, src), lens, beam_size=3)):

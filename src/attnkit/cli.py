@@ -57,21 +57,26 @@ def _decode_options(args, cfg) -> dict:
                 n_best=args.n_best)
 
 
-def _load_for_decoding(args):
-    """load_checkpoint(--checkpoint), with the decoding step compiled under --compile."""
+def _load_for_decoding(args, sentences: int):
+    """load_checkpoint(--checkpoint), with the decoding step compiled under --compile; the weights are frozen
+    (prepacked) unless each step decodes one row (one sentence, greedy), where that is slower."""
     from attnkit.decode import compile_step
     from attnkit.train import load_checkpoint
 
-    model, *rest = load_checkpoint(args.checkpoint)
-    return (compile_step(model) if args.compile else model), *rest
+    model, cfg, *rest = load_checkpoint(args.checkpoint)
+    if args.compile:
+        beam = args.beam or cfg.decode.beam_size
+        model = compile_step(model, freeze=beam > 1 or sentences > 1)
+    return model, cfg, *rest
 
 
 def cmd_translate(args) -> int:
     from attnkit.decode import translate
 
-    model, cfg, toks, _ = _load_for_decoding(args)
+    sources = _read_input(args.input)
+    model, cfg, toks, _ = _load_for_decoding(args, len(sources))
     lines = []
-    for t in translate(model, toks, _read_input(args.input), **_decode_options(args, cfg)):
+    for t in translate(model, toks, sources, **_decode_options(args, cfg)):
         if args.n_best > 1:
             lines += [f"{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, t.text)]
         else:
@@ -92,7 +97,7 @@ def cmd_evaluate(args) -> int:
     sources, refs = read_lines(args.src), read_lines(args.ref)
     if len(sources) != len(refs):
         raise AttnkitError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
-    model, cfg, toks, path = _load_for_decoding(args)
+    model, cfg, toks, path = _load_for_decoding(args, len(sources))
     hyps = [t.text[0] for t in translate(model, toks, sources, **_decode_options(args, cfg))]
     b, c = bleu(hyps, refs), chrf(hyps, refs)
     print(b)

@@ -150,8 +150,10 @@ class OnnxState:
     past_keys: np.ndarray  # [L, B, H, T, d_head]
     past_values: np.ndarray
 
-    def select(self, indices: Tensor) -> OnnxState:
+    def select(self, indices: Tensor, same_source: bool = False) -> OnnxState:
         i = indices.numpy()
+        if same_source:
+            return OnnxState(self.src, self.cross_keys, self.cross_values, self.past_keys[:, i], self.past_values[:, i])
         return OnnxState(self.src[i], self.cross_keys[:, i], self.cross_values[:, i], self.past_keys[:, i],
                          self.past_values[:, i])
 

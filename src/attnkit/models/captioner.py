@@ -30,9 +30,12 @@ class LSTMState:
     h: Tensor  # [B, H]
     c: Tensor  # [B, H]
 
-    def select(self, indices: Tensor) -> LSTMState:
-        return LSTMState(self.memory.select(indices), self.projected.index_select(0, indices),
-                         self.h.index_select(0, indices), self.c.index_select(0, indices))
+    def select(self, indices: Tensor, same_source: bool = False) -> LSTMState:
+        """Reorder the batch; ``same_source``: rows keep their image, so the grid and its projection stay."""
+        h, c = self.h.index_select(0, indices), self.c.index_select(0, indices)
+        if same_source:
+            return LSTMState(self.memory, self.projected, h, c)
+        return LSTMState(self.memory.select(indices), self.projected.index_select(0, indices), h, c)
 
 
 class ShowAttendTell(nn.Module):

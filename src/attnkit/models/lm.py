@@ -43,7 +43,7 @@ class LMState:
     caches: list[KVCache]
     offset: int = 0
 
-    def select(self, indices: Tensor) -> LMState:
+    def select(self, indices: Tensor, same_source: bool = False) -> LMState:
         return LMState([c.select(indices) for c in self.caches], self.offset)
 
 

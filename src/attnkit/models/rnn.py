@@ -37,8 +37,12 @@ class RNNState:
     h: Tensor
     projected: Tensor | None = None  # [B, S, d_attention]
 
-    def select(self, indices: Tensor) -> RNNState:
-        return RNNState(self.memory.select(indices), self.h.index_select(1, indices),
+    def select(self, indices: Tensor, same_source: bool = False) -> RNNState:
+        """Reorder the batch; ``same_source``: rows keep their source sentence, so memory and projection stay."""
+        h = self.h.index_select(1, indices)
+        if same_source:
+            return RNNState(self.memory, h, self.projected)
+        return RNNState(self.memory.select(indices), h,
                         None if self.projected is None else self.projected.index_select(0, indices))
 
 

@@ -34,8 +34,11 @@ class DecoderState:
     caches: list[KVCache]
     offset: int = 0
 
-    def select(self, indices: Tensor) -> DecoderState:
-        """Reorder (or repeat) the batch, e.g. by beam origin."""
+    def select(self, indices: Tensor, same_source: bool = False) -> DecoderState:
+        """Reorder (or repeat) the batch, e.g. by beam origin. ``same_source``: every row keeps its source
+        sentence (beams reordered among themselves), so the memory and cross-attention keys/values stay."""
+        if same_source:
+            return DecoderState(self.memory, self.static_kv, [c.select(indices) for c in self.caches], self.offset)
         return DecoderState(
             self.memory.select(indices),
             [kv.select(indices) for kv in self.static_kv],
@@ -107,8 +110,11 @@ class Transformer(nn.Module):
     def init_state(self, memory: Memory) -> DecoderState:
         static_kv = [layer.cross_attn.project_memory(memory.states) for layer in self.decoder]
         b, h, _, d_head = static_kv[0].keys.shape
-        empty = static_kv[0].keys.new_zeros(b, h, 0, d_head)  # no step yet: every step then has the same kind
-        return DecoderState(memory, static_kv, [KVCache(empty, empty) for _ in self.decoder])
+        # empty, not None: every step then has the same kind of input. Separate tensors, as after a reordering:
+        # a compiled step guards on which inputs are the same tensor, and would compile once more
+        empty = static_kv[0].keys.new_zeros
+        caches = [KVCache(empty(b, h, 0, d_head), empty(b, h, 0, d_head)) for _ in self.decoder]
+        return DecoderState(memory, static_kv, caches)
 
     def step(self, tokens: Tensor, state: DecoderState, need_weights: bool = False):
         """tokens [B] (the previous outputs) -> (log_probs [B, V], new state, attention).

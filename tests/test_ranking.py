@@ -1,0 +1,46 @@
+"""The chunked argmax and beam ranking against torch.argmax and torch.topk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.decode import ranking
+from attnkit.decode.ranking import argmax_rows, best_extensions
+
+
+@pytest.fixture(autouse=True)
+def chunked_even_when_small(monkeypatch):
+    monkeypatch.setattr(ranking, "SMALL", 0)  # these tensors are small; the chunked paths are under test
+
+
+@pytest.mark.parametrize("v,chunk", [(6000, 128), (1000, 16), (1003, 16), (23, 4), (37, 4)])
+def test_argmax_rows_equals_argmax(v, chunk):
+    g = torch.Generator().manual_seed(v)
+    x = torch.randn(9, v, generator=g).log_softmax(-1)
+    x[0, 3] = x[0, v - 1] = x[0].max() + 1  # a tie across chunks: the first index wins, as in argmax
+    x[1, 5] = x[1, 6] = x[1].max() + 1  # a tie inside a chunk
+    x[2] = float("-inf")
+    x[2, v - 1] = 0.0  # the maximum in the short last chunk (when there is one)
+    x[3] = float("-inf")  # nothing but -inf: index 0
+    x[4] = 0.5  # all equal
+    assert torch.equal(argmax_rows(x, chunk), x.argmax(-1))
+
+
+@pytest.mark.parametrize("v,chunk", [(6000, 128), (1000, 16), (1003, 16), (37, 4)])
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_best_extensions_equal_topk(v, chunk, k):
+    g = torch.Generator().manual_seed(k * v)
+    m = 7
+    log_probs = torch.randn(m, k, v, generator=g).log_softmax(-1)
+    scores = torch.randn(m, k, generator=g) * 3
+    scores[0, 1:] = float("-inf")  # a first step: one live beam
+    scores[1, :] = float("-inf")  # a sentence with no live beam
+    log_probs[2, :, : v - 1] = float("-inf")  # only the last token (the tail chunk) is allowed
+    want = (scores[:, :, None] + log_probs).view(m, k * v).topk(2 * k, dim=1)
+    values, indices = best_extensions(scores, log_probs, 2 * k, chunk)
+    assert torch.equal(values, want.values)
+    live = torch.isfinite(want.values)  # -inf candidates tie, and topk orders ties as it likes
+    assert torch.equal(indices[live], want.indices[live])
+    flat = (scores[:, :, None] + log_probs).view(m, k * v)
+    assert torch.equal(flat.gather(1, indices), values)  # every index points at its value
