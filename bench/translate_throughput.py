@@ -5,7 +5,8 @@ and 64 sentences of the test_2016_flickr source; attnkit also with its decoding 
 
 Every system decodes the same sentences, sorted by length and cut into the same batches, within
 attnkit's length limit (``max_len_a * source + max_len_b``; per sentence for attnkit, the batch's
-longest for the others). Throughput is output tokens (subwords, EOS excluded) per second. Checked on
+longest for the others). The systems take turns in four rounds, so drift in the machine's speed falls on all
+of them. Throughput is output tokens (subwords, EOS excluded) per second. Checked on
 the way: attnkit's batched greedy output equals its unbatched one, and the Hugging Face and
 CTranslate2 fp32 greedy outputs equal attnkit's; BLEU of every run shows what int8 costs.
 
@@ -67,14 +68,25 @@ def ct2_decoder(translator, toks):
 
 
 @torch.no_grad()
-def run(decode, batches, beam: int, len_penalty: float) -> tuple[list[list[int]], float]:
-    """-> (outputs in batch order, seconds). The first batch is decoded once untimed: one-time costs
-    (allocator growth, kernel selection, lazy initialisation) are not throughput."""
-    decode(*batches[0], beam, len_penalty)
-    outputs, start = [], time.perf_counter()
-    for src, lens in batches:
-        outputs += decode(src, lens, beam, len_penalty)
-    return outputs, time.perf_counter() - start
+def run(decoders: dict, batches, beam: int, len_penalty: float, rounds: int = 4) -> dict[str, tuple[list, float]]:
+    """-> {system: (outputs in batch order, seconds)}. The batches are cut into ``rounds`` runs of consecutive
+    batches, and the systems take turns run by run, so a change in the machine's speed falls on all of them
+    (one system's throughput moved by up to a third between two runs of this bench), while each system still
+    decodes many batches in a row, with its weights in cache, as a user translating a file would (turns at
+    every batch made every system slower at batch 1). The first batch is decoded once untimed: one-time costs
+    (compilation, allocator growth, kernel selection, lazy initialisation) are not throughput."""
+    for decode in decoders.values():
+        decode(*batches[0], beam, len_penalty)
+    outputs = {name: [] for name in decoders}
+    seconds = dict.fromkeys(decoders, 0.0)
+    cuts = [len(batches) * r // rounds for r in range(rounds + 1)]
+    for part in (batches[a:b] for a, b in zip(cuts, cuts[1:])):
+        for name, decode in decoders.items():
+            start = time.perf_counter()
+            for src, lens in part:
+                outputs[name] += decode(src, lens, beam, len_penalty)
+            seconds[name] += time.perf_counter() - start
+    return {name: (outputs[name], seconds[name]) for name in decoders}
 
 
 def main() -> int:
@@ -130,9 +142,7 @@ def main() -> int:
         outputs = {}
         for beam in (1, 5):
             for size in (1, 64):
-                runs = batches(size)
-                for name, decode in decoders.items():
-                    out, seconds = run(decode, runs, beam, d.len_penalty)
+                for name, (out, seconds) in run(decoders, batches(size), beam, d.len_penalty).items():
                     tokens = sum(len(o) for o in out)
                     in_order = [None] * n
                     for i, o in zip(order, out):

@@ -93,6 +93,12 @@ def test_train_translate_evaluate(tmp_path, data_dir):
     assert len(translations) == 5
     assert all(t.strip() for t in translations)
     assert translations != val.src[:5]
+    # --compile (five sentences: weights frozen and prepacked) translates as eager decoding does
+    greedy, compiled = tmp_path / "greedy.de", tmp_path / "compiled.de"
+    for out_file, extra in ((greedy, []), (compiled, ["--compile"])):
+        _attnkit("translate", "--checkpoint", run, "--input", few, "--output", out_file, "--beam", "1", *extra,
+                 cwd=tmp_path)
+    assert read_lines(compiled) == read_lines(greedy)
 
     # evaluate 100 validation sentences
     hyps_file, scores_file = tmp_path / "hyps.de", tmp_path / "scores.json"
