@@ -9,18 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.decode import (
-    Hypothesis,
-    beam_search,
-    compile_step,
-    filter_logits,
-    generate,
-    greedy,
-    max_lengths,
-    ranking,
-    sample,
-    translate,
-)
+import attnkit.decode.ranking as ranking
+from attnkit.decode import beam_search, compile_step, filter_logits, generate, greedy, max_lengths, sample, translate
+from attnkit.decode.search import Hypothesis
 from attnkit.models import BOS, EOS, PAD
 from conftest import make_model, random_src, toy_trained_model
 
