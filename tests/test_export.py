@@ -135,6 +135,10 @@ def test_onnx_encoder_and_step_match_pytorch(trained_checkpoint, tmp_path):
     assert step_gap(model, onnx_model, src, steps=10) < 1e-4
     assert _greedy(onnx_model, src, lens) == _greedy(model, src, lens)  # attnkit's search over onnxruntime
 
+    def beam(m):  # beams reordered with select(..., same_source=True) on the numpy state too
+        return [h[0].tokens for h in generate(m, src, lens, beam_size=3)]
+    assert beam(onnx_model) == beam(model)
+
 
 def test_random_marian_model_imports_with_the_same_greedy_outputs(trained_checkpoint, tmp_path):
     _, cfg, toks, _ = load_checkpoint(trained_checkpoint)
