@@ -134,6 +134,34 @@ def test_select_same_source_keeps_source_side(model, src):
     assert torch.equal(a, b)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_repeat_beams_keeps_one_source_row_per_sentence(model, src, need_weights):
+    """Beams grouped by source (memory and cross-attention keys/values once per sentence) step as the same beams
+    made by repeating every row: through reorders within sentences and a sentence leaving the batch."""
+    k, n = 3, src.size(0)
+    grouped = _init(model, src).repeat_beams(k)
+    repeated = _init(model, src).select(torch.arange(n).repeat_interleave(k))
+    assert grouped.static_kv[0].keys.size(0) == n and repeated.static_kv[0].keys.size(0) == n * k
+    g = torch.Generator().manual_seed(1)
+    live = n
+    for t in range(4):
+        tokens = torch.randint(4, VOCAB, (live * k,), generator=g)
+        a, grouped, wa = model.step(tokens, grouped, need_weights)
+        b, repeated, wb = model.step(tokens, repeated, need_weights)
+        assert (a - b).abs().max() <= 1e-5, t
+        if need_weights:
+            assert (wa - wb).abs().max() <= 1e-6
+        rows = torch.randint(0, k, (live, k), generator=g) + torch.arange(live)[:, None] * k
+        if t == 1:  # the second sentence leaves
+            rows, live = rows[torch.arange(live) != 1], live - 1
+            grouped, repeated = grouped.select(rows.flatten()), repeated.select(rows.flatten())
+        else:
+            grouped = grouped.select(rows.flatten(), same_source=True)
+            repeated = repeated.select(rows.flatten(), same_source=True)
+    assert grouped.memory.states.size(0) == live
+
+
 # --- greedy and beam search
 
 

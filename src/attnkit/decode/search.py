@@ -6,10 +6,11 @@ A model offers the decoding interface (see ARCHITECTURE.md)::
     state = model.init_state(memory)            # caches / recurrent state, with state.select(indices, same_source)
     log_probs, state, attn = model.step(tokens, state, need_weights)   # tokens [N] -> [N, V], attn [N, S] or None
 
-The functions here take the initial ``state`` and never look inside it. ``state.select(indices)`` reorders,
-repeats or drops batch rows; with ``same_source=True`` the caller promises that every row keeps its source
-sentence (beam search reordering one sentence's beams), so the source side (encoder memory, cross-attention
-keys and values) need not be gathered again.
+The functions here take the initial ``state`` and never look inside it. ``state.repeat_beams(k)`` makes k
+consecutive rows (beams) of every row; ``state.select(indices)`` reorders, repeats or drops rows; with
+``same_source=True`` the caller promises that every row keeps its source sentence (beam search reordering
+one sentence's beams), so the source side (encoder memory, cross-attention keys and values) need not be
+gathered again.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
     Python only sees the hypotheses that end.
     """
     n, k = max_lens.size(0), beam_size
-    state = state.select(torch.arange(n).repeat_interleave(k))
+    state = state.repeat_beams(k)  # k rows per sentence (a Transformer keeps its source side once per sentence)
     live = list(range(n))  # sentence id of each remaining block of k rows
     limits = max_lens.tolist()
     scores = torch.full((n, k), float("-inf"))

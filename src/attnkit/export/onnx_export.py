@@ -157,6 +157,10 @@ class OnnxState:
         return OnnxState(self.src[i], self.cross_keys[:, i], self.cross_values[:, i], self.past_keys[:, i],
                          self.past_values[:, i])
 
+    def repeat_beams(self, k: int) -> OnnxState:
+        """Every row becomes ``k`` consecutive rows (its beams)."""
+        return self.select(torch.arange(self.src.shape[0]).repeat_interleave(k))
+
 
 class OnnxTransformer:
     """The exported graphs in onnxruntime, offering ``encode``/``init_state``/``step``: attnkit's greedy and beam

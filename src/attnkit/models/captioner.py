@@ -37,6 +37,10 @@ class LSTMState:
             return LSTMState(self.memory, self.projected, h, c)
         return LSTMState(self.memory.select(indices), self.projected.index_select(0, indices), h, c)
 
+    def repeat_beams(self, k: int) -> LSTMState:
+        """Every row becomes ``k`` consecutive rows (its beams)."""
+        return self.select(torch.arange(self.h.size(0)).repeat_interleave(k))
+
 
 class ShowAttendTell(nn.Module):
     """The soft-attention captioner. At each word t, with the previous LSTM state h_{t-1}:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -45,6 +46,10 @@ class LMState:
 
     def select(self, indices: Tensor, same_source: bool = False) -> LMState:
         return LMState([c.select(indices) for c in self.caches], self.offset)
+
+    def repeat_beams(self, k: int) -> LMState:
+        """Every row becomes ``k`` consecutive rows (its beams)."""
+        return self.select(torch.arange(self.caches[0].keys.size(0)).repeat_interleave(k))
 
 
 class TransformerLM(nn.Module):

@@ -45,6 +45,10 @@ class RNNState:
         return RNNState(self.memory.select(indices), h,
                         None if self.projected is None else self.projected.index_select(0, indices))
 
+    def repeat_beams(self, k: int) -> RNNState:
+        """Every row becomes ``k`` consecutive rows (its beams)."""
+        return self.select(torch.arange(self.h.size(1)).repeat_interleave(k))
+
 
 def run_gru(gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
     """Run ``gru`` over x [B, S, d] packed to ``lengths`` [B], so padding never enters a state.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -27,24 +28,35 @@ class Memory:
 
 @dataclass
 class DecoderState:
-    """Everything one decoding step needs: per-layer self-attention caches and cross-attention keys/values."""
+    """Everything one decoding step needs: per-layer self-attention caches and cross-attention keys/values.
+
+    With ``beams`` > 1 (beam search) the caches hold ``beams`` consecutive rows per source sentence, and the
+    memory and cross-attention keys/values one row per sentence, shared by its beams.
+    """
 
     memory: Memory
     static_kv: list[KVCache]
     caches: list[KVCache]
     offset: int = 0
+    beams: int = 1
 
     def select(self, indices: Tensor, same_source: bool = False) -> DecoderState:
-        """Reorder (or repeat) the batch, e.g. by beam origin. ``same_source``: every row keeps its source
-        sentence (beams reordered among themselves), so the memory and cross-attention keys/values stay."""
+        """Reorder, repeat or drop rows, e.g. by beam origin. ``same_source``: every row keeps its source
+        sentence (beams reordered among themselves), so the memory and cross-attention keys/values stay.
+        With ``beams`` > 1 the rows must stay in blocks of one sentence's beams, as beam search keeps them."""
+        caches = [c.select(indices) for c in self.caches]
         if same_source:
-            return DecoderState(self.memory, self.static_kv, [c.select(indices) for c in self.caches], self.offset)
-        return DecoderState(
-            self.memory.select(indices),
-            [kv.select(indices) for kv in self.static_kv],
-            [c.select(indices) for c in self.caches],
-            self.offset,
-        )
+            return DecoderState(self.memory, self.static_kv, caches, self.offset, self.beams)
+        sources = indices if self.beams == 1 else indices[:: self.beams] // self.beams
+        return DecoderState(self.memory.select(sources), [kv.select(sources) for kv in self.static_kv], caches,
+                            self.offset, self.beams)
+
+    def repeat_beams(self, k: int) -> DecoderState:
+        """Every row becomes ``k`` rows, its beams; the source side stays one row per sentence."""
+        if self.beams != 1:
+            raise ValueError("the state already holds beams")
+        rows = torch.arange(self.memory.states.size(0), device=self.memory.states.device).repeat_interleave(k)
+        return DecoderState(self.memory, self.static_kv, [c.select(rows) for c in self.caches], self.offset, k)
 
 
 class Transformer(nn.Module):
@@ -125,7 +137,7 @@ class Transformer(nn.Module):
         caches, attn = [], None
         for layer, kv, cache in zip(self.decoder, state.static_kv, state.caches):
             x, w, cache = layer(x, None, state.memory.padding_mask, cache=cache,
-                                static_kv=kv, need_weights=need_weights)
+                                static_kv=kv, need_weights=need_weights, beams=state.beams)
             caches.append(cache)
             if w is not None:
                 attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
@@ -133,4 +145,4 @@ class Transformer(nn.Module):
             attn = attn / len(self.decoder)
         logits = self.output(self.decoder_norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), DecoderState(state.memory, state.static_kv, caches,
-                                                                    state.offset + 1), attn
+                                                                    state.offset + 1, state.beams), attn

@@ -126,21 +126,22 @@ def causal_mask(t: int, s: int | None = None, device=None) -> Tensor:
 
 
 def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-    """softmax(q k^T / sqrt(d_head)) v for one query per row: q [B, H, 1, d_head], k and v [B, H, S, d_head],
-    key_padding_mask [B, S] (True = pad) -> [B, H, 1, d_head].
+    """softmax(q k^T / sqrt(d_head)) v for a decoding step: q [B, H, G, d_head] with G queries per row that all
+    see every key (one, or the beams of one source sentence in cross-attention), k and v [B, H, S, d_head],
+    key_padding_mask [B, S] (True = pad) -> [B, H, G, d_head].
 
     Pads get a large negative score, not -inf: a row that is all padding (no real key) averages
     its values instead of producing NaN. Every causal key is visible to the last query: no causal mask.
     """
-    b, h, _, dh = q.shape
+    b, h, g, dh = q.shape
     s = k.size(2)
-    q, k, v = q.reshape(b * h, 1, dh), k.reshape(b * h, s, dh), v.reshape(b * h, s, dh)
+    q, k, v = q.reshape(b * h, g, dh), k.reshape(b * h, s, dh), v.reshape(b * h, s, dh)
     if key_padding_mask is None:
         scores = torch.bmm(q, k.transpose(1, 2)) * dh**-0.5
     else:
         bias = key_padding_mask[:, None, :].to(q.dtype) * torch.finfo(q.dtype).min  # [B, 1, S]
         scores = torch.baddbmm(bias.repeat_interleave(h, dim=0), q, k.transpose(1, 2), alpha=dh**-0.5)
-    return torch.bmm(torch.softmax(scores, dim=-1), v).view(b, h, 1, dh)
+    return torch.bmm(torch.softmax(scores, dim=-1), v).view(b, h, g, dh)
 
 
 # --- multi-head attention
@@ -231,8 +232,9 @@ class MultiHeadAttention(nn.Module):
             mask = cm if mask is None else mask & cm
 
         dropout = self.dropout if self.training else 0.0
-        if t == 1 and not need_weights and dropout == 0.0 and not torch.is_grad_enabled():
-            # one query per row (a decoding step): two batched matmuls cost a third of SDPA's kernel here
+        if (t == 1 or static_kv is not None) and not need_weights and dropout == 0.0 and not torch.is_grad_enabled():
+            # a decoding step (one query per row, or a source's beams against its keys and values): two batched
+            # matmuls cost a third of SDPA's kernel here
             out, weights = single_query_attention(q, k, v, key_padding_mask), None
         elif need_weights:
             scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)

@@ -93,14 +93,28 @@ class DecoderLayer(nn.Module):
         cache: KVCache | None = None,
         static_kv: KVCache | None = None,
         need_weights: bool = False,
+        beams: int = 1,
     ) -> tuple[Tensor, Tensor | None, KVCache | None]:
         """x [B, T, d_model] -> (x, cross-attention weights [B, H, T, S] or None, extended self-attention cache).
 
         Target padding needs no mask here: pads sit after the last real token, so the causal
-        mask already hides them from every real position.
+        mask already hides them from every real position. ``beams`` > 1 (a beam search step, T = 1): x holds
+        ``beams`` consecutive rows per source sentence, and ``static_kv`` and the padding mask one row per
+        sentence; the beams attend to their sentence as that many queries.
         """
         x, (_, cache) = self.self_res(x, lambda h: self.self_attn(h, causal=True, cache=cache))
-        x, (weights, _) = self.cross_res(x, lambda h: self.cross_attn(
-            h, memory, key_padding_mask=memory_padding_mask, static_kv=static_kv, need_weights=need_weights))
+        x, (weights, _) = self.cross_res(x, lambda h: self._cross(h, memory, memory_padding_mask, static_kv,
+                                                                   need_weights, beams))
         x, _ = self.ffn_res(x, lambda h: (self.ffn(h),))
         return x, weights, cache
+
+    def _cross(self, h, memory, memory_padding_mask, static_kv, need_weights, beams):
+        if beams == 1:
+            return self.cross_attn(h, memory, key_padding_mask=memory_padding_mask, static_kv=static_kv,
+                                   need_weights=need_weights)
+        n, _, d = h.shape  # [sentences * beams, 1, d]
+        out, weights, _ = self.cross_attn(h.view(n // beams, beams, d), memory, key_padding_mask=memory_padding_mask,
+                                          static_kv=static_kv, need_weights=need_weights)
+        if weights is not None:  # [sentences, H, beams, S] -> [sentences * beams, H, 1, S]
+            weights = weights.transpose(1, 2).reshape(n, weights.size(1), 1, weights.size(-1))
+        return out.view(n, 1, d), weights, None
