@@ -151,7 +151,8 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
         going = alive & ~ends
         # an EOS candidate ends a hypothesis if fewer than k going candidates rank above it
         ending = alive & ends & (going.cumsum(1) - going.long() < k)
-        ended = ending.nonzero().tolist()  # one synchronisation a step; usually empty
+        # the step's two reads of tensor values, short lists (usually empty)
+        ended = ending.nonzero().tolist()
         done = set((~going.any(1)).nonzero().flatten().tolist())
         if ended:
             rows = (top_beam[ending] + ending.nonzero()[:, 0] * k).tolist()
@@ -227,8 +228,11 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False):
                "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     if isinstance(getattr(model, "output", None), nn.Linear):
         model.output = _OutputProjection(model.output)
+    # Sizes 0 and 1 are compiled apart (cache lengths 0 and 1, one sentence left), as are greedy and beam steps
+    # and cache layouts that differ only in the strides of size-1 dimensions: greedy decoding and beam search
+    # at batches 1 and 64 made 10 step graphs, past Dynamo's default limit of 8, above which it runs eager.
     for name in ("step", "encode", "init_state"):
-        setattr(model, name, torch.compile(getattr(model, name), dynamic=True, options=options))
+        setattr(model, name, torch.compile(getattr(model, name), dynamic=True, options=options, recompile_limit=32))
     return model
 
 
