@@ -63,7 +63,8 @@ def best_extensions(scores: Tensor, log_probs: Tensor, n: int, chunk: int | None
     values, pos = cand.topk(n, dim=1)
     in_chunks = pos < n * chunk
     p = pos.clamp(max=n * chunk - 1)
-    from_chunk = (best.gather(1, p // chunk) // c) * v + (best.gather(1, p // chunk) % c) * chunk + p % chunk
+    chosen = best.gather(1, p // chunk)  # the chunk each winner came from
+    from_chunk = (chosen // c) * v + (chosen % c) * chunk + p % chunk
     q = (pos - n * chunk).clamp(min=0)
     from_tail = (q // t) * v + (v - t) + q % t if t else from_chunk
     return values, torch.where(in_chunks, from_chunk, from_tail)
