@@ -4,8 +4,9 @@
 Both start from the same weights (attnkit's initialisation, copied into Marian by the exporter's map) and
 take the same batches, loss (label-smoothed cross entropy summed over target tokens), backward, clipping
 and fused Adam step, in training mode with the config's dropout. Each computes the loss its own way:
-attnkit with its training loss (``label_smoothed_nll``, which also yields the NLL it logs), Hugging Face
-with what a plain PyTorch loop writes, ``F.cross_entropy(label_smoothing=...)``. Both run in this one
+attnkit as ``attnkit train`` does (``model(src, tgt_in, targets=...)``: logits made only at non-pad targets,
+the output projection fused with the loss, which also yields the NLL it logs), Hugging Face with what a
+plain PyTorch loop writes, ``F.cross_entropy(label_smoothing=...)``. Both run in this one
 process with freed memory kept for reuse (``attnkit.memory``), as ``attnkit train`` runs.
 Throughput counts non-pad target tokens per second of training steps. The machine's fp32 matmul peak
 is measured here with large square matmuls; each system's fraction of it is its model FLOPs per second
@@ -36,7 +37,6 @@ from attnkit.evaluate.results import write_results
 from attnkit.export.huggingface import copy_to_marian, marian_config
 from attnkit.memory import keep_freed_memory
 from attnkit.models import PAD, build_model
-from attnkit.train import label_smoothed_nll
 
 
 def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
@@ -170,7 +170,7 @@ def main() -> int:
     eps = cfg.train.label_smoothing
 
     def attnkit_loss(b):
-        return label_smoothed_nll(ours(b.src, b.tgt_in), b.tgt_out, eps)[0]
+        return ours(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=eps)[0]  # as TranslationTask.loss
 
     def huggingface_loss(b):
         logits = hf(input_ids=b.src, attention_mask=b.src.ne(PAD), decoder_input_ids=b.tgt_in).logits

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from attnkit.config import TrainConfig, load_config
 from attnkit.data import generate_dates, load_tokenizers, token_batches
 from attnkit.errors import AttnkitError
+from attnkit.nn.loss import projected_smoothed_cross_entropy
 from attnkit.train import (
     Trainer,
     average_checkpoints,
@@ -92,6 +93,57 @@ def test_label_smoothed_nll_refuses_a_second_backward():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("sharpness", [1.0, 50.0])
+def test_projected_loss_equals_projection_then_pytorch_cross_entropy(eps, sharpness):
+    """The fused output projection + loss: same value, NLL and gradients (hidden states and weight) as logits
+    made for every position followed by ``F.cross_entropy``; padding rows get no gradient."""
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(3, 5, 8, generator=g)
+    weight = torch.randn(11, 8, generator=g) * sharpness / 8
+    _, target = _loss_inputs(4)
+    h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    h2, w2 = hidden.double().requires_grad_(True), weight.double().requires_grad_(True)
+    loss, nll = projected_smoothed_cross_entropy(h1, w1, target, eps)
+    logits = (h2 @ w2.t()).view(-1, 11)
+    ref = F.cross_entropy(logits, target.view(-1), ignore_index=0, label_smoothing=eps, reduction="sum")
+    ref_nll = F.cross_entropy(logits.detach(), target.view(-1), ignore_index=0, reduction="sum")
+    (2.5 * loss).backward()
+    (2.5 * ref).backward()
+    assert not nll.requires_grad
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll.double(), ref_nll, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h1.grad.double(), h2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w1.grad.double(), w2.grad, rtol=1e-4, atol=1e-5)
+    assert torch.all(h1.grad[target.eq(0)] == 0)
+    with torch.no_grad():  # the path without autograd gives the same numbers
+        torch.testing.assert_close(projected_smoothed_cross_entropy(h1, w1, target, eps), (loss, nll))
+
+
+def test_transformer_training_loss_equals_loss_of_its_logits():
+    """``model(src, tgt_in, targets=...)`` (logits only at non-pad targets, fused with the loss) gives the
+    loss, NLL and parameter gradients of ``label_smoothed_nll(model(src, tgt_in))``."""
+    from attnkit.config import ModelConfig
+    from attnkit.models import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=2,
+                                    dropout=0.0, share_embeddings=True), 13, 13)
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    tgt_in = torch.tensor([[1, 4, 5, 6, 7], [1, 9, 10, 0, 0]])
+    tgt_out = torch.tensor([[4, 5, 6, 7, 2], [9, 10, 2, 0, 0]])
+    loss, nll = model(src, tgt_in, targets=tgt_out, label_smoothing=0.1)
+    loss.backward()
+    fused = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref, ref_nll = label_smoothed_nll(model(src, tgt_in), tgt_out, 0.1)
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(fused[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 # --- learning-rate schedules

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
 from attnkit.nn import DecoderLayer, EncoderLayer, KVCache, TokenEmbedding, make_positional
+from attnkit.nn.loss import projected_smoothed_cross_entropy
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, shared with attnkit.data.tokenizer
 
@@ -104,18 +105,29 @@ class Transformer(nn.Module):
 
     # --- teacher-forced decoder
 
-    def decode_all(self, tgt_in: Tensor, memory: Memory, need_weights: bool = False):
-        """tgt_in [B, T] (BOS + target[:-1]) -> logits [B, T, V] and per-layer cross-attention weights."""
+    def decode_all(self, tgt_in: Tensor, memory: Memory, need_weights: bool = False, logits: bool = True):
+        """tgt_in [B, T] (BOS + target[:-1]) -> logits [B, T, V] (or, without ``logits``, the decoder's output
+        states [B, T, d_model] that the output projection takes) and per-layer cross-attention weights."""
         x = self.tgt_embed(tgt_in)
         all_weights = []
         for layer in self.decoder:
             x, w, _ = layer(x, memory.states, memory.padding_mask, need_weights=need_weights)
             all_weights.append(w)
-        return self.output(self.decoder_norm(x)), all_weights
+        x = self.decoder_norm(x)
+        return (self.output(x) if logits else x), all_weights
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: src [B, S], tgt_in [B, T] -> logits [B, T, V]."""
-        return self.decode_all(tgt_in, self.encode(src))[0]
+    def forward(self, src: Tensor, tgt_in: Tensor, targets: Tensor | None = None, label_smoothing: float = 0.0):
+        """Teacher forcing: src [B, S], tgt_in [B, T] -> logits [B, T, V].
+
+        With ``targets`` [B, T] returns instead (label-smoothed loss, NLL), each summed over the non-pad targets:
+        the training loss, with logits made only for those positions and fused with the loss
+        (:func:`~attnkit.nn.loss.projected_smoothed_cross_entropy`).
+        """
+        memory = self.encode(src)
+        if targets is None:
+            return self.decode_all(tgt_in, memory)[0]
+        states = self.decode_all(tgt_in, memory, logits=False)[0]
+        return projected_smoothed_cross_entropy(states, self.output.weight, targets, label_smoothing, PAD)
 
     # --- the common decoding interface (attnkit.decode)
 

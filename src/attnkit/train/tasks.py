@@ -83,6 +83,8 @@ class TranslationTask:
 
     def loss(self, model, b: Batch, label_smoothing: float):
         """-> (training loss summed over target tokens, plain NLL sum)."""
+        if self.cfg.model.family in ("transformer", "conv_transformer"):  # logits only at non-pad targets
+            return model(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=label_smoothing)
         return label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, label_smoothing)
 
     def scores(self, model) -> dict:
