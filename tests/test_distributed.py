@@ -1,7 +1,8 @@
-"""DistributedDataParallel on PyTorch's own engine: 2 gloo processes on this machine."""
+"""DistributedDataParallel and fully sharded data parallel on PyTorch's own engine: 2 gloo processes here."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -38,42 +39,73 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same 3 updates twice: 2 ranks x 1 batch each, and 1 process accumulating the same 2 batches."""
+    """The same 3 updates three times: 2 ranks x 1 batch each under DDP and under FSDP, and 1 process
+    accumulating the same 2 batches."""
     base = tmp_path_factory.mktemp("ddp")
     (base / "tiny.toml").write_text('name = "tiny"\n')
     _run(["train", "tiny.toml", "--run-dir", "ddp", "--set", "train.max_steps=3", "--set", "train.save_every=3", *TINY],
          base, nproc=2)
-    (base / "single").mkdir()
-    shutil.copy(base / "ddp" / "spm.model", base / "single" / "spm.model")  # one tokenizer for both
+    for run in ("single", "fsdp"):
+        (base / run).mkdir()
+        shutil.copy(base / "ddp" / "spm.model", base / run / "spm.model")  # one tokenizer for all
+    _run(["train", "tiny.toml", "--run-dir", "fsdp", "--set", "train.max_steps=3", "--set", "train.save_every=3",
+          "--set", "train.parallel=fsdp", *TINY], base, nproc=2)
     _run(["train", "tiny.toml", "--run-dir", "single", "--set", "train.max_steps=3", "--set", "train.save_every=3",
           "--set", "train.update_freq=2", *TINY], base)
     return base
 
 
-def test_two_ranks_equal_one_process_on_the_whole_batch(runs):
-    ddp, single = _weights(runs / "ddp"), _weights(runs / "single")
-    assert ddp.keys() == single.keys()
+def _assert_same_weights(run_a: Path, run_b: Path) -> None:
+    a_weights, b_weights = _weights(run_a), _weights(run_b)
+    assert a_weights.keys() == b_weights.keys()
     d = 32
-    for k in ddp:
-        a, b = ddp[k], single[k]
+    for k in a_weights:
+        a, b = a_weights[k], b_weights[k]
         if k.endswith("in_proj.bias"):
             # softmax ignores the key bias (its gradient is 0 up to rounding, which Adam scales to +-lr)
             a, b = torch.cat([a[:d], a[2 * d:]]), torch.cat([b[:d], b[2 * d:]])
         assert (a - b).abs().max() <= 1e-6, k
-    import json
-
-    meta = [json.loads((r / "checkpoints" / "last" / "meta.json").read_text()) for r in (runs / "ddp", runs / "single")]
-    assert meta[0]["progress"]["batch_in_epoch"] == meta[1]["progress"]["batch_in_epoch"] == 6
 
 
-def test_checkpoints_resume_across_world_sizes(runs):
-    """A DDP checkpoint continues in one process, and a single-process one under DDP."""
-    _run(["train", "tiny.toml", "--run-dir", "ddp", "--resume", "--set", "train.max_steps=4",
-          "--set", "train.save_every=1", *TINY], runs)
-    _run(["train", "tiny.toml", "--run-dir", "single", "--resume", "--set", "train.max_steps=4", "--set",
-          "train.save_every=1", "--set", "train.update_freq=2", *TINY], runs, nproc=2)
-    import json
+def _progress(run: Path) -> dict:
+    return json.loads((run / "checkpoints" / "last" / "meta.json").read_text())["progress"]
 
-    for run in ("ddp", "single"):
-        meta = json.loads((runs / run / "checkpoints" / "last" / "meta.json").read_text())
-        assert meta["progress"]["step"] == 4
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_equal_one_process_on_the_whole_batch(runs, parallel):
+    _assert_same_weights(runs / parallel, runs / "single")
+    assert _progress(runs / parallel)["batch_in_epoch"] == _progress(runs / "single")["batch_in_epoch"] == 6
+
+
+def test_fsdp_shards_the_weights_and_adam_moments(runs):
+    """Each rank held about half of every block (the checkpoint holds them whole, as one process writes)."""
+    trainer_state = load_file(str(runs / "fsdp" / "checkpoints" / "last" / "trainer.safetensors"))
+    single_state = load_file(str(runs / "single" / "checkpoints" / "last" / "trainer.safetensors"))
+    assert {k: v.shape for k, v in trainer_state.items() if k.startswith("optim.")} == \
+        {k: v.shape for k, v in single_state.items() if k.startswith("optim.")}
+    records = {run: json.loads((runs / run / "run.jsonl").read_text().splitlines()[0])
+               for run in ("ddp", "fsdp", "single")}
+    assert records["fsdp"]["parallel"] == "fsdp" and records["fsdp"]["world_size"] == 2
+    whole = records["single"]["parameters_on_rank0"]
+    assert whole > 1000 and records["ddp"]["parameters_on_rank0"] == whole
+    assert 0.4 * whole < records["fsdp"]["parameters_on_rank0"] < 0.6 * whole
+
+
+def test_checkpoints_resume_across_world_sizes_and_ddp_fsdp(runs):
+    """DDP and FSDP checkpoints continue in one process (to the same weights), and a single-process checkpoint
+    continues under DDP and under FSDP (to the same weights): the Adam moments are re-sharded exactly."""
+    shutil.copytree(runs / "single", runs / "single-fsdp", symlinks=True)
+    for run in ("ddp", "fsdp"):
+        _run(["train", "tiny.toml", "--run-dir", run, "--resume", "--set", "train.max_steps=4",
+              "--set", "train.save_every=1", *TINY], runs)
+    for run, parallel in (("single", "ddp"), ("single-fsdp", "fsdp")):
+        _run(["train", "tiny.toml", "--run-dir", run, "--resume", "--set", "train.max_steps=4", "--set",
+              "train.save_every=1", "--set", "train.update_freq=2", "--set", f"train.parallel={parallel}", *TINY],
+             runs, nproc=2)
+    for run in ("ddp", "fsdp", "single", "single-fsdp"):
+        assert _progress(runs / run)["step"] == 4
+    _assert_same_weights(runs / "ddp", runs / "fsdp")
+    _assert_same_weights(runs / "single", runs / "single-fsdp")
+    # and the step made a difference (the comparison above is not between unchanged weights)
+    step3 = load_file(str(runs / "single" / "checkpoints" / "step-3" / "model.safetensors"))
+    assert any((step3[k] - v).abs().max() > 1e-4 for k, v in _weights(runs / "single").items())

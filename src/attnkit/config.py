@@ -106,6 +106,7 @@ class TrainConfig:
     init_from: str = ""  # fine-tuning: a checkpoint (or run dir) whose weights start this run; same tokenizer
     best_metric: str = "bleu"  # bleu | loss
     threads: int = 0  # 0: torch's default
+    parallel: str = "ddp"  # under torchrun: ddp (replicas) | fsdp (parameters, gradients, Adam moments sharded)
     tensorboard: bool = False
     progress: bool = True
 
@@ -252,6 +253,7 @@ _CHOICES = {
     ("data", "lm_tokenizer"): ("corpus", "spm"),
     ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "constant"),
     ("train", "best_metric"): ("bleu", "loss"),
+    ("train", "parallel"): ("ddp", "fsdp"),
 }
 
 

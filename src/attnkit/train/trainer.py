@@ -17,7 +17,7 @@ from tqdm import tqdm
 from attnkit.config import ExperimentConfig, dump_toml
 from attnkit.data import Parallel, token_batches
 from attnkit.errors import AttnkitError
-from attnkit.train import distributed
+from attnkit.train import distributed, sharding
 from attnkit.train.checkpoint import (
     average_checkpoints,
     load_weights,
@@ -68,9 +68,13 @@ class Trainer:
         if cfg.train.init_from:
             self.init_from(cfg.train.init_from)
         self.forward_model = self.model
+        self._unsharded = None  # under FSDP, rank 0's whole copy for validation and checkpoints
         if self.world > 1:
             torch.manual_seed(cfg.train.seed + 1000 * self.rank)  # same initial weights, different dropout
-            self.forward_model = torch.nn.parallel.DistributedDataParallel(self.model)
+            if cfg.train.parallel == "fsdp":
+                self.forward_model = sharding.shard(self.model)  # in place: self.model is the sharded model
+            else:
+                self.forward_model = torch.nn.parallel.DistributedDataParallel(self.model)
         t = cfg.train
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps,
                                           weight_decay=t.weight_decay, fused=True)
@@ -92,7 +96,9 @@ class Trainer:
         """Append who started this run with what (command line, code, versions) to run.jsonl: resumes add lines."""
         from attnkit.evaluate.results import git_commit, machine, versions
 
-        record = {"argv": sys.argv, "world_size": self.world, "git_commit": git_commit(), "versions": versions(),
+        local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.model.parameters())
+        record = {"argv": sys.argv, "world_size": self.world, "parallel": self.cfg.train.parallel if self.world > 1
+                  else None, "parameters_on_rank0": local, "git_commit": git_commit(), "versions": versions(),
                   "machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         with open(self.run_dir / "run.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
@@ -100,11 +106,25 @@ class Trainer:
     # --- state
 
     def trainer_tensors(self) -> dict[str, torch.Tensor]:
+        """RNG states and optimizer moments, whole (gathered under FSDP): every rank calls this."""
         tensors = {f"rng.torch.{r}": state for r, state in enumerate(distributed.gather_rng(self.world))}
         for i, state in self.optimizer.state_dict()["state"].items():
             for name, value in state.items():
-                tensors[f"optim.{i}.{name}"] = torch.as_tensor(value).clone()
+                tensors[f"optim.{i}.{name}"] = sharding.full(torch.as_tensor(value)).clone()
         return tensors
+
+    def full_model(self):
+        """The model with whole weights: itself, or under FSDP an unsharded copy on rank 0 (None elsewhere).
+        Every rank calls this: the weights are gathered."""
+        if not sharding.is_sharded(self.model):
+            return self.model
+        state = {name: sharding.full(value) for name, value in self.model.state_dict().items()}
+        if self.rank != 0:
+            return None
+        if self._unsharded is None:
+            self._unsharded = self.task.build_model()
+        self._unsharded.load_state_dict(state)
+        return self._unsharded
 
     def init_from(self, path: str | Path) -> None:
         """Start from another run's weights (fine-tuning): the model and its tokenizer files must match."""
@@ -119,14 +139,22 @@ class Trainer:
     def resume(self, path: str | Path) -> None:
         """Load weights, optimizer moments, RNG and data position from a checkpoint (or a run's last one)."""
         path = checkpoint_of(path)
-        load_weights(self.model, path / "model.safetensors")
+        if sharding.is_sharded(self.model):  # every rank reads the whole weights and keeps its shard
+            whole = self.task.build_model()
+            load_weights(whole, path / "model.safetensors")
+            sharding.copy_full_into(self.model, whole)
+        else:
+            load_weights(self.model, path / "model.safetensors")
         tensors = read_trainer_state(path)
         meta = read_meta(path)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         state: dict[int, dict] = {}
         for key, value in tensors.items():
             if key.startswith("optim."):
                 _, i, name = key.split(".", 2)
-                state.setdefault(int(i), {})[name] = value
+                if int(i) >= len(params):
+                    raise AttnkitError(f"{path}/trainer.safetensors: {key} is for a parameter this model lacks")
+                state.setdefault(int(i), {})[name] = sharding.shard_like(value, params[int(i)])
         sd = self.optimizer.state_dict()
         sd["state"] = state
         try:
@@ -140,8 +168,9 @@ class Trainer:
         # records a killed run logged after this checkpoint are redone; read_metrics drops them
         self.log({"step": self.progress.step, "resumed_from": path.name})
 
-    def save(self, scores: dict | None = None) -> Path | None:
-        """Write a checkpoint. Every rank calls this (the RNG gather); rank 0 writes."""
+    def save(self, model, scores: dict | None = None) -> Path | None:
+        """Write a checkpoint of ``model`` (:meth:`full_model`). Every rank calls this (the RNG gather); rank 0
+        writes."""
         p = self.progress
         name = f"step-{p.step}"
         if name not in p.history:
@@ -152,7 +181,7 @@ class Trainer:
         if self.rank != 0:
             return None
         meta = {"progress": vars(p), "scores": scores or {}}
-        path = write_checkpoint(self.ckpt_dir / name, self.model, self.cfg, self.task.files, meta, tensors)
+        path = write_checkpoint(self.ckpt_dir / name, model, self.cfg, self.task.files, meta, tensors)
         point(self.ckpt_dir / "last", path)
         best = self.ckpt_dir / "best"
         for old in stale:
@@ -175,15 +204,17 @@ class Trainer:
     # --- validation
 
     @torch.no_grad()
-    def validate(self) -> dict:
-        self.model.eval()
+    def validate(self, model=None) -> dict:
+        """Validation loss and the task's scores of ``model`` (default ``self.model``), on this rank."""
+        model = self.model if model is None else model
+        model.eval()
         total, n = 0.0, 0
         for idx in token_batches(*self.task.lengths("valid"), self.cfg.train.max_tokens):
             b = self.task.batch("valid", idx)
-            _, nll = self.task.loss(self.model, b, 0.0)
+            _, nll = self.task.loss(model, b, 0.0)
             total, n = total + float(nll), n + b.n_tokens
-        scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50)), **self.task.scores(self.model)}
-        self.model.train()
+        scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50)), **self.task.scores(model)}
+        model.train()
         return scores
 
     def is_better(self, scores: dict) -> bool:
@@ -195,10 +226,11 @@ class Trainer:
         return False
 
     def evaluate_and_save(self) -> dict:
-        scores = self.validate() if self.rank == 0 else {}
+        model = self.full_model()
+        scores = self.validate(model) if self.rank == 0 else {}
         self.log({"step": self.progress.step, "epoch": self.progress.epoch, **scores})
         better = self.rank == 0 and self.is_better(scores)
-        path = self.save(scores)
+        path = self.save(model, scores)
         if better:
             best = self.ckpt_dir / "best"
             previous = best.resolve().name if best.is_symlink() else None
@@ -222,14 +254,16 @@ class Trainer:
         for k, idx in enumerate(group):
             b = self.task.batch("train", idx)
             sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
-            with contextlib.nullcontext() if sync else model.no_sync():
+            if sharding.is_sharded(model):
+                model.set_requires_gradient_sync(sync)
+            with contextlib.nullcontext() if sync or sharding.is_sharded(model) else model.no_sync():
                 loss, nll = self.task.loss(model, b, t.label_smoothing)
                 loss.backward()
             n_tokens += b.n_tokens
             loss_sum += float(nll)
         n_tokens = int(distributed.all_sum(n_tokens, self.world))
         loss_sum = distributed.all_sum(loss_sum, self.world)
-        # the loss is a sum over tokens and DDP averages over ranks: make it a per-token mean
+        # the loss is a sum over tokens and DDP (and FSDP) average over ranks: make it a per-token mean
         for param in self.model.parameters():
             if param.grad is not None:
                 param.grad.mul_(self.world / n_tokens)
@@ -280,7 +314,7 @@ class Trainer:
                     scores = self.evaluate_and_save()
                     start = time.monotonic() - p.train_seconds  # validation time is not training time
                 elif t.save_every and p.step % t.save_every == 0:
-                    self.save()
+                    self.save(self.full_model())
                 if stop:
                     break
             else:
