@@ -146,6 +146,42 @@ def test_transformer_training_loss_equals_loss_of_its_logits():
         torch.testing.assert_close(fused[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+# --- mixed precision
+
+
+def test_mixed_precision_is_refused_on_the_cpu(tmp_path, dates_pairs):
+    with pytest.raises(AttnkitError, match=r"train.precision = 'bf16' is mixed precision for CUDA.*use fp32"):
+        Trainer(tiny_experiment(precision="bf16"), tmp_path, train_pairs=dates_pairs,
+                valid_pairs=generate_dates(20, seed=1))
+
+
+def test_mixed_precision_step_and_loss_scale_survive_a_resume(tmp_path, dates_pairs):
+    """The step ``train.precision`` takes on CUDA (autocast, loss scaling, gradients unscaled before clipping,
+    the scaler's step), run on the CPU's autocast: the config refuses mixed precision on a CPU, so the test sets
+    the trainer's two attributes itself. Validation stays fp32; the loss scale is saved and resumed."""
+    def mixed(trainer, scale):
+        trainer.amp_dtype = torch.bfloat16
+        trainer.scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=1)
+        return trainer
+
+    cfg = tiny_experiment(max_steps=2, save_every=1, clip_norm=0.5)
+    trainer = mixed(Trainer(cfg, tmp_path, train_pairs=dates_pairs, valid_pairs=generate_dates(20, seed=1)), 2.0**10)
+    seen = []
+    trainer.model.encoder[0].ffn.linear1.register_forward_hook(lambda m, i, out: seen.append((m.training, out.dtype)))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    result = trainer.train()
+    assert {dtype for training, dtype in seen if training} == {torch.bfloat16}
+    assert {dtype for training, dtype in seen if not training} == {torch.float32}
+    assert math.isfinite(result["valid_loss"])
+    assert trainer.scaler.get_scale() == 2.0**12  # two steps without overflow, growing every step
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # fp32 master weights
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    resumed = mixed(Trainer(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=3)), tmp_path,
+                            train_pairs=dates_pairs, valid_pairs=generate_dates(20, seed=1)), 1.0)
+    resumed.resume(tmp_path)
+    assert resumed.scaler.get_scale() == 2.0**12
+
+
 # --- learning-rate schedules
 
 

@@ -107,6 +107,8 @@ class TrainConfig:
     best_metric: str = "bleu"  # bleu | loss
     threads: int = 0  # 0: torch's default
     parallel: str = "ddp"  # under torchrun: ddp (replicas) | fsdp (parameters, gradients, Adam moments sharded)
+    device: str = "auto"  # auto (CUDA when there is one) | cpu | cuda; under torchrun, GPU LOCAL_RANK
+    precision: str = "fp32"  # fp32 | bf16 | fp16: mixed precision (autocast; fp16 with loss scaling), CUDA only
     tensorboard: bool = False
     progress: bool = True
 
@@ -254,6 +256,8 @@ _CHOICES = {
     ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "constant"),
     ("train", "best_metric"): ("bleu", "loss"),
     ("train", "parallel"): ("ddp", "fsdp"),
+    ("train", "device"): ("auto", "cpu", "cuda"),
+    ("train", "precision"): ("fp32", "bf16", "fp16"),
 }
 
 

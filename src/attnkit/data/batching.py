@@ -26,6 +26,11 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.tgt_out.ne(PAD).sum())
 
+    def to(self, device: torch.device) -> Batch:
+        if self.src.device == device:
+            return self
+        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.indices)
+
 
 def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int | None = None, epoch: int = 0) -> list[list[int]]:
     """Group examples of similar length so that ``len(batch) * longest <= max_tokens``.

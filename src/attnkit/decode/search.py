@@ -34,6 +34,13 @@ class Hypothesis:
     log_probs: list[float] = field(default_factory=list)  # sampling: one per output step, EOS included
 
 
+def model_device(model) -> torch.device:
+    """Where ``model`` keeps its weights (the CPU for models without parameters, e.g. onnxruntime's)."""
+    parameters = getattr(model, "parameters", None)
+    first = next(parameters(), None) if callable(parameters) else None
+    return torch.device("cpu") if first is None else first.device
+
+
 def max_lengths(src_lengths: Tensor, a: float, b: int) -> Tensor:
     """The longest output allowed per sentence: ``a * source length + b`` (fairseq's max_len_a/b)."""
     return (src_lengths.float() * a + b).long().clamp(min=1)
@@ -66,13 +73,15 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
     max_lens [N]; ``prefix`` [N, P] forces the first P output tokens (a language model's prompt);
     ``on_token`` is called after every step with the tokens just chosen [N] (EOS once a row ended), to stream them.
     """
+    dev = model_device(model)
     n, limit = max_lens.size(0), int(max_lens.max())
-    rows = torch.arange(n)  # the batch row of each sentence still decoding; finished ones leave the batch
+    rows = torch.arange(n, device=dev)  # the batch row of each sentence still decoding; finished ones leave
     every_row = True  # no sentence has left yet: rows[i] == i, and plain slices index the outputs
-    row_limits = max_lens
-    tokens = torch.full((n,), BOS, dtype=torch.long)
-    out = torch.full((n, limit), EOS, dtype=torch.long)
-    step_scores, attn_all, steps = torch.zeros(n, limit), None, 0
+    row_limits = max_lens.to(dev)
+    prefix = None if prefix is None else prefix.to(dev)
+    tokens = torch.full((n,), BOS, dtype=torch.long, device=dev)
+    out = torch.full((n, limit), EOS, dtype=torch.long, device=dev)
+    step_scores, attn_all, steps = torch.zeros(n, limit, device=dev), None, 0
     for t in range(limit):
         log_probs, state, attn = model.step(tokens, state, need_weights)
         if prefix is not None and t < prefix.size(1):
@@ -81,7 +90,10 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
             tokens = argmax_rows(log_probs)
         else:
             logits = filter_logits(log_probs / temperature, top_k, top_p)
-            tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
+            probs = torch.softmax(logits, -1)
+            if generator is not None and generator.device != probs.device:  # a seed draws the same on any device
+                probs = probs.cpu()
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(dev)
         tokens = tokens.masked_fill(row_limits <= t + 1, EOS)  # force an end
         at = (slice(None) if every_row else rows, t)
         step_scores[at] = log_probs.gather(1, tokens[:, None]).squeeze(1)
@@ -126,25 +138,25 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
     compute only the sentences still searching. The ranking is done on tensors for all sentences at once;
     Python only sees the hypotheses that end.
     """
-    n, k = max_lens.size(0), beam_size
+    n, k, dev = max_lens.size(0), beam_size, model_device(model)
     state = state.repeat_beams(k)  # k rows per sentence (a Transformer keeps its source side once per sentence)
     live = list(range(n))  # sentence id of each remaining block of k rows
     limits = max_lens.tolist()
-    scores = torch.full((n, k), float("-inf"))
+    scores = torch.full((n, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # all beams start identical: keep only one alive
-    history = torch.full((n * k, 0), BOS, dtype=torch.long)  # [rows, t] the tokens so far of every beam
+    history = torch.full((n * k, 0), BOS, dtype=torch.long, device=dev)  # [rows, t] the tokens so far of each beam
     attn_history = None  # [rows, t, S]
-    tokens = torch.full((n * k,), BOS, dtype=torch.long)
+    tokens = torch.full((n * k,), BOS, dtype=torch.long, device=dev)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    rank = torch.arange(2 * k)
+    rank = torch.arange(2 * k, device=dev)
     for t in range(max(limits)):
         log_probs, state, attn = model.step(tokens, state, need_weights)
         m, v = len(live), log_probs.size(-1)
         log_probs = log_probs.view(m, k, v)
         last = [t + 1 >= limits[s] for s in live]
         if any(last):  # at the length limit only EOS may follow
-            not_eos = torch.arange(v) != EOS
-            log_probs = log_probs.masked_fill(torch.tensor(last)[:, None, None] & not_eos, float("-inf"))
+            not_eos = torch.arange(v, device=dev) != EOS
+            log_probs = log_probs.masked_fill(torch.tensor(last, device=dev)[:, None, None] & not_eos, float("-inf"))
         top_scores, top_idx = best_extensions(scores, log_probs, 2 * k)  # [m, 2k] over the k * v candidates
         top_beam, top_token = top_idx // v, top_idx % v
         alive, ends = top_scores > float("-inf"), top_token == EOS
@@ -170,14 +182,14 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
         # the first k going candidates of each sentence (fewer: dead beams with score -inf fill the rest)
         pick = torch.where(going, rank, rank + 2 * k).topk(k, dim=1, largest=False).indices  # [m, k], in rank order
         scores = top_scores.gather(1, pick).masked_fill(~going.gather(1, pick), float("-inf"))
-        rows = (top_beam.gather(1, pick) + torch.arange(m)[:, None] * k).view(-1)
+        rows = (top_beam.gather(1, pick) + torch.arange(m, device=dev)[:, None] * k).view(-1)
         tokens = top_token.gather(1, pick).view(-1)
         if done:
             keep = [j for j in range(m) if j not in done]
             live = [live[j] for j in keep]
             if not live:
                 break
-            keep = torch.tensor(keep)
+            keep = torch.tensor(keep, device=dev)
             scores, rows, tokens = scores[keep], rows.view(m, k)[keep].view(-1), tokens.view(m, k)[keep].view(-1)
             state = state.select(rows)
         else:  # every row stays with its own sentence: the source side of the state is left as it is
@@ -242,7 +254,7 @@ def generate(model, src, max_lens: Tensor, beam_size: int = 1, len_penalty: floa
              generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
     """Encode ``src`` once, then search: beam search when ``beam_size > 1``, else greedy (``temperature == 0``)
     or sampling. Returns the n-best list of every batch row. No autograd graph is recorded, encoder included."""
-    state = model.init_state(model.encode(src))
+    state = model.init_state(model.encode(src.to(model_device(model))))
     if beam_size > 1 and temperature == 0:
         return beam_search(model, state, max_lens, beam_size, len_penalty, n_best, need_weights)
     return [[h] for h in sample(model, state, max_lens, temperature, top_k, top_p, generator, need_weights)]

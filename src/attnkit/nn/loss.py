@@ -78,6 +78,11 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float):
+        with torch.autocast(hidden.device.type, enabled=False):  # the softmax's logits in fp32 under autocast
+            return _ProjectedSmoothedCrossEntropy._forward(ctx, hidden, weight, target, eps)
+
+    @staticmethod
+    def _forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float):
         probs = hidden @ weight.t()
         top = probs.amax(-1)
         torch.softmax(probs, -1, out=probs)
@@ -120,4 +125,5 @@ def projected_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Ten
     target = target.reshape(-1)[keep]
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return _ProjectedSmoothedCrossEntropy.apply(hidden, weight.float(), target, float(eps))
-    return smoothed_cross_entropy(hidden @ weight.float().t(), target, eps, ignore_index=-1)
+    with torch.autocast(hidden.device.type, enabled=False):
+        return smoothed_cross_entropy(hidden @ weight.float().t(), target, eps, ignore_index=-1)

@@ -11,12 +11,32 @@ import os
 import torch
 import torch.distributed as dist
 
+from attnkit.errors import AttnkitError
 
-def setup() -> tuple[int, int]:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1); returns (rank, world size)."""
+_device = torch.device("cpu")  # where this process's collectives run: NCCL takes only CUDA tensors
+
+
+def training_device(name: str) -> torch.device:
+    """``train.device`` (auto | cpu | cuda) -> this process's device; under torchrun, GPU LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise AttnkitError("train.device = 'cuda', but this machine has no CUDA device (use auto or cpu)")
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def setup(device: torch.device | None = None) -> tuple[int, int]:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): NCCL for CUDA, gloo for the CPU.
+    Returns (rank, world size)."""
+    global _device
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    _device = device = device or torch.device("cpu")
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -25,7 +45,7 @@ def setup() -> tuple[int, int]:
 def all_sum(value: float, world: int) -> float:
     if world == 1:
         return value
-    t = torch.tensor([float(value)], dtype=torch.float64)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=_device)
     dist.all_reduce(t)
     return float(t.item())
 
@@ -40,11 +60,12 @@ def barrier(world: int) -> None:
         dist.barrier()
 
 
-def gather_rng(world: int) -> list[torch.Tensor]:
-    """Every rank's torch RNG state (dropout differs per rank), collected on all ranks."""
-    state = torch.get_rng_state()
+def gather_rng(world: int, cuda: bool = False) -> list[torch.Tensor]:
+    """Every rank's torch RNG state (dropout differs per rank; with ``cuda``, its GPU's), collected on all ranks."""
+    state = torch.cuda.get_rng_state() if cuda else torch.get_rng_state()
     if world == 1:
         return [state]
+    state = state.to(_device)
     out = [torch.empty_like(state) for _ in range(world)]
     dist.all_gather(out, state)
-    return out
+    return [s.cpu() for s in out]

@@ -44,6 +44,18 @@ class Progress:
     history: list[str] = field(default_factory=list)  # checkpoint directory names, oldest first
 
 
+def mixed_precision(precision: str, device: torch.device):
+    """``train.precision`` -> (autocast dtype or None, GradScaler or None). Mixed precision is for CUDA: on this
+    project's CPU, bfloat16 matrix products ran about 100x slower than fp32."""
+    if precision == "fp32":
+        return None, None
+    if device.type != "cuda":
+        raise AttnkitError(f"train.precision = {precision!r} is mixed precision for CUDA, and this run is on the "
+                           f"{device.type}: use fp32 (bfloat16 matmuls are ~100x slower than fp32 on a CPU)")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return dtype, (torch.amp.GradScaler(device.type) if precision == "fp16" else None)
+
+
 def checkpoint_of(path: str | Path) -> Path:
     """A checkpoint directory, or a run directory standing for its last checkpoint."""
     path = Path(path)
@@ -61,12 +73,15 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        self.rank, self.world = distributed.setup()
+        self.device = distributed.training_device(cfg.train.device)
+        self.amp_dtype, self.scaler = mixed_precision(cfg.train.precision, self.device)
+        self.rank, self.world = distributed.setup(self.device)
         self.task = task or make_task(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world, self.rank)
         torch.manual_seed(cfg.train.seed)
         self.model = self.task.build_model()
         if cfg.train.init_from:
             self.init_from(cfg.train.init_from)
+        self.model.to(self.device)
         self.forward_model = self.model
         self._unsharded = None  # under FSDP, rank 0's whole copy for validation and checkpoints
         if self.world > 1:
@@ -74,7 +89,8 @@ class Trainer:
             if cfg.train.parallel == "fsdp":
                 self.forward_model = sharding.shard(self.model)  # in place: self.model is the sharded model
             else:
-                self.forward_model = torch.nn.parallel.DistributedDataParallel(self.model)
+                self.forward_model = torch.nn.parallel.DistributedDataParallel(
+                    self.model, device_ids=None if self.device.type == "cpu" else [self.device.index])
         t = cfg.train
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps,
                                           weight_decay=t.weight_decay, fused=True)
@@ -108,9 +124,14 @@ class Trainer:
     def trainer_tensors(self) -> dict[str, torch.Tensor]:
         """RNG states and optimizer moments, whole (gathered under FSDP): every rank calls this."""
         tensors = {f"rng.torch.{r}": state for r, state in enumerate(distributed.gather_rng(self.world))}
+        if self.device.type == "cuda":  # dropout draws on the GPU
+            tensors.update({f"rng.cuda.{r}": state for r, state in enumerate(distributed.gather_rng(self.world, True))})
         for i, state in self.optimizer.state_dict()["state"].items():
             for name, value in state.items():
                 tensors[f"optim.{i}.{name}"] = sharding.full(torch.as_tensor(value)).clone()
+        if self.scaler is not None:
+            tensors["amp.scale"] = torch.tensor([self.scaler.get_scale()], dtype=torch.float64)
+            tensors["amp.growth_tracker"] = torch.tensor([self.scaler.state_dict()["_growth_tracker"]])
         return tensors
 
     def full_model(self):
@@ -122,7 +143,7 @@ class Trainer:
         if self.rank != 0:
             return None
         if self._unsharded is None:
-            self._unsharded = self.task.build_model()
+            self._unsharded = self.task.build_model().to(self.device)
         self._unsharded.load_state_dict(state)
         return self._unsharded
 
@@ -164,6 +185,12 @@ class Trainer:
         # the same world size continues each rank's dropout stream exactly; another reuses rank 0's
         key = f"rng.torch.{self.rank}"
         torch.set_rng_state(tensors[key if key in tensors else "rng.torch.0"])
+        key = f"rng.cuda.{self.rank}"
+        if self.device.type == "cuda" and ("rng.cuda.0" in tensors):
+            torch.cuda.set_rng_state(tensors[key if key in tensors else "rng.cuda.0"])
+        if self.scaler is not None and "amp.scale" in tensors:
+            self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": float(tensors["amp.scale"][0]),
+                                         "_growth_tracker": int(tensors["amp.growth_tracker"][0])})
         self.progress = Progress(**meta["progress"])
         # records a killed run logged after this checkpoint are redone; read_metrics drops them
         self.log({"step": self.progress.step, "resumed_from": path.name})
@@ -210,7 +237,7 @@ class Trainer:
         model.eval()
         total, n = 0.0, 0
         for idx in token_batches(*self.task.lengths("valid"), self.cfg.train.max_tokens):
-            b = self.task.batch("valid", idx)
+            b = self.task.batch("valid", idx).to(self.device)
             _, nll = self.task.loss(model, b, 0.0)
             total, n = total + float(nll), n + b.n_tokens
         scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50)), **self.task.scores(model)}
@@ -252,26 +279,39 @@ class Trainer:
             g["lr"] = lr
         n_tokens, loss_sum = 0, 0.0
         for k, idx in enumerate(group):
-            b = self.task.batch("train", idx)
+            b = self.task.batch("train", idx).to(self.device)
             sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
             if sharding.is_sharded(model):
                 model.set_requires_gradient_sync(sync)
             with contextlib.nullcontext() if sync or sharding.is_sharded(model) else model.no_sync():
-                loss, nll = self.task.loss(model, b, t.label_smoothing)
-                loss.backward()
+                with self.autocast():
+                    loss, nll = self.task.loss(model, b, t.label_smoothing)
+                (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             n_tokens += b.n_tokens
             loss_sum += float(nll)
         n_tokens = int(distributed.all_sum(n_tokens, self.world))
         loss_sum = distributed.all_sum(loss_sum, self.world)
+        if self.scaler is not None:  # fp16: the per-token scaling and clipping see the true gradients
+            self.scaler.unscale_(self.optimizer)
         # the loss is a sum over tokens and DDP (and FSDP) average over ranks: make it a per-token mean
         for param in self.model.parameters():
             if param.grad is not None:
                 param.grad.mul_(self.world / n_tokens)
         if t.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:  # skipped when a gradient overflowed; the scale then shrinks
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return n_tokens, loss_sum
+
+    def autocast(self):
+        """Mixed precision for the forward pass and loss (``train.precision``); nothing at fp32."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def train(self) -> dict:
         t, p = self.cfg.train, self.progress
