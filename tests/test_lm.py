@@ -109,10 +109,15 @@ def test_adaptive_softmax_is_a_distribution_and_its_training_loss_is_its_likelih
     log_probs = model(None, x)
     assert torch.allclose(log_probs.logsumexp(-1), torch.zeros(2, 10), atol=1e-5)
     direct = -log_probs.gather(-1, y[..., None]).squeeze(-1)[y.ne(PAD)].sum()
-    assert torch.allclose(model(None, x, targets=y), direct, atol=1e-4)
+    loss, nll = model(None, x, targets=y, label_smoothing=0.1)  # no smoothing on the adaptive softmax's path
+    assert torch.allclose(loss, direct, atol=1e-4) and torch.allclose(nll, direct, atol=1e-4)
     untied = make_lm(seed=3, share_embeddings=False)
     full = F.cross_entropy(untied(None, x).flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum")
-    assert torch.allclose(untied(None, x, targets=y), full, atol=1e-4)
+    assert torch.allclose(untied(None, x, targets=y)[0], full, atol=1e-4)
+    smoothed = F.cross_entropy(untied(None, x).flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum",
+                               label_smoothing=0.1)
+    loss, nll = untied(None, x, targets=y, label_smoothing=0.1)
+    assert torch.allclose(loss, smoothed, atol=1e-4) and torch.allclose(nll, full, atol=1e-4)
 
 
 def test_adaptive_input_is_the_adaptive_softmax_read_backwards(tmp_path):

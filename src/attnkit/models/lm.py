@@ -25,6 +25,7 @@ from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError
 from attnkit.models.transformer import PAD
 from attnkit.nn import AdaptiveInput, EncoderLayer, KVCache, TokenEmbedding, make_positional
+from attnkit.nn.loss import projected_smoothed_cross_entropy
 
 
 @dataclass
@@ -86,13 +87,15 @@ class TransformerLM(nn.Module):
         output = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_model, vocab_size, list(cfg.adaptive_softmax), div_value=4.0)
         return output, (AdaptiveInput(output, PAD) if cfg.share_embeddings else None)
 
-    def forward(self, src: Tensor | None, tgt_in: Tensor, need_weights: bool = False, targets: Tensor | None = None):
+    def forward(self, src: Tensor | None, tgt_in: Tensor, need_weights: bool = False, targets: Tensor | None = None,
+                label_smoothing: float = 0.0):
         """Teacher forcing: tgt_in [B, T] (BOS + tokens) -> logits [B, T, V]; ``src`` is ignored.
 
         With an adaptive softmax the "logits" are log-probabilities (a softmax of them is themselves).
         With ``need_weights`` also returns each layer's self-attention weights [B, H, T, T].
-        With ``targets`` [B, T] returns instead the summed negative log-likelihood of the non-pad targets
-        (a scalar): the adaptive softmax's training path, which never scores the whole vocabulary.
+        With ``targets`` [B, T] returns instead (training loss, NLL), each summed over the non-pad targets, as
+        the Transformer does: logits only at those positions, fused with the label-smoothed loss; or the
+        adaptive softmax's own path (no smoothing), which never scores the whole vocabulary.
         """
         x = self.embed(tgt_in)
         all_weights = []
@@ -101,10 +104,11 @@ class TransformerLM(nn.Module):
             all_weights.append(w)
         hidden = self.norm(x)
         if targets is not None:
-            keep = targets.ne(PAD)
             if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
-                return -self.output(hidden[keep], targets[keep]).output.sum()
-            return F.cross_entropy(self.output(hidden[keep]).float(), targets[keep], reduction="sum")
+                keep = targets.ne(PAD)
+                nll = -self.output(hidden[keep], targets[keep]).output.sum()
+                return nll, nll.detach()
+            return projected_smoothed_cross_entropy(hidden, self.output.weight, targets, label_smoothing, PAD)
         logits = self.output_logits(hidden)
         return (logits, all_weights) if need_weights else logits
 

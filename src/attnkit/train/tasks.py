@@ -312,10 +312,8 @@ class LanguageModelTask:
         return Batch(b.src, b.tgt_in, b.tgt_out, list(indices))
 
     def loss(self, model, b: Batch, label_smoothing: float):
-        if self.cfg.model.adaptive_softmax:  # its own loss path: the whole-vocabulary logits are never built
-            nll = model(b.src, b.tgt_in, targets=b.tgt_out)
-            return nll, nll.detach()
-        return label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, label_smoothing)
+        # logits only at the targets, fused with the loss (or the adaptive softmax's own path)
+        return model(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=label_smoothing)
 
     def scores(self, model) -> dict:
         if self.cfg.data.format != "tinyshakespeare" or self.cfg.data.lm_tokenizer != "corpus":
