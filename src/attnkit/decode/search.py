@@ -139,25 +139,28 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
     Python only sees the hypotheses that end.
     """
     n, k, dev = max_lens.size(0), beam_size, model_device(model)
-    state = state.repeat_beams(k)  # k rows per sentence (a Transformer keeps its source side once per sentence)
     live = list(range(n))  # sentence id of each remaining block of k rows
     limits = max_lens.tolist()
     scores = torch.full((n, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # all beams start identical: keep only one alive
     history = torch.full((n * k, 0), BOS, dtype=torch.long, device=dev)  # [rows, t] the tokens so far of each beam
     attn_history = None  # [rows, t, S]
-    tokens = torch.full((n * k,), BOS, dtype=torch.long, device=dev)
+    tokens = torch.full((n,), BOS, dtype=torch.long, device=dev)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     rank = torch.arange(2 * k, device=dev)
     for t in range(max(limits)):
         log_probs, state, attn = model.step(tokens, state, need_weights)
+        if t == 0:  # the k beams of a sentence would start the same: one row each took the first step
+            state = state.repeat_beams(k)  # k rows per sentence (a Transformer keeps its source side once)
+            attn = None if attn is None else attn.repeat_interleave(k, 0)
+        beams = 1 if t == 0 else k  # rows of log_probs per sentence
         m, v = len(live), log_probs.size(-1)
-        log_probs = log_probs.view(m, k, v)
+        log_probs = log_probs.view(m, beams, v)
         last = [t + 1 >= limits[s] for s in live]
         if any(last):  # at the length limit only EOS may follow
             not_eos = torch.arange(v, device=dev) != EOS
             log_probs = log_probs.masked_fill(torch.tensor(last, device=dev)[:, None, None] & not_eos, float("-inf"))
-        top_scores, top_idx = best_extensions(scores, log_probs, 2 * k)  # [m, 2k] over the k * v candidates
+        top_scores, top_idx = best_extensions(scores[:, :beams], log_probs, 2 * k)  # [m, 2k] of the k * v
         top_beam, top_token = top_idx // v, top_idx % v
         alive, ends = top_scores > float("-inf"), top_token == EOS
         going = alive & ~ends
