@@ -171,6 +171,27 @@ def test_incremental_self_attention_with_cache_equals_causal():
     assert _maxdiff(torch.cat(steps, 1), full) <= 1e-5
 
 
+def test_deferred_cache_reorder_equals_gathering_at_once():
+    """``KVCache.reorder`` (applied by the next step as it appends) ends where gathering at once would: reorders
+    compose, rows may repeat or drop, and a cached step then attends to the same keys and values."""
+    ours, _ = _pair(7)
+    x = torch.randn(3, 4, D)
+    with torch.no_grad():
+        cache = KVCache(torch.zeros(3, H, 0, D // H), torch.zeros(3, H, 0, D // H))
+        for t in range(3):
+            _, _, cache = ours(x[:, t:t + 1], causal=True, cache=cache)
+        first, second = torch.tensor([2, 0, 0, 1]), torch.tensor([3, 1, 0])
+        deferred = cache.reorder(first).reorder(second)
+        assert deferred.keys is cache.keys and deferred.rows == 3  # nothing gathered yet
+        at_once = cache.select(first).select(second)
+        new = x[torch.tensor([1, 2, 2]), 3:4]
+        out_deferred, _, grown = ours(new, causal=True, cache=deferred)
+        out_at_once, _, grown_at_once = ours(new, causal=True, cache=at_once)
+    assert grown.order is None and torch.equal(grown.keys, grown_at_once.keys)
+    assert torch.equal(grown.values, grown_at_once.values) and torch.equal(out_deferred, out_at_once)
+    assert torch.equal(at_once.keys, cache.keys[first][second])
+
+
 # --- invariances
 
 

@@ -46,11 +46,11 @@ class LMState:
     offset: int = 0
 
     def select(self, indices: Tensor, same_source: bool = False) -> LMState:
-        return LMState([c.select(indices) for c in self.caches], self.offset)
+        return LMState([c.reorder(indices) for c in self.caches], self.offset)  # gathered by the next step
 
     def repeat_beams(self, k: int) -> LMState:
         """Every row becomes ``k`` consecutive rows (its beams)."""
-        return self.select(torch.arange(self.caches[0].keys.size(0)).repeat_interleave(k))
+        return self.select(torch.arange(self.caches[0].rows).repeat_interleave(k))
 
 
 class TransformerLM(nn.Module):

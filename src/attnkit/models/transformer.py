@@ -45,7 +45,7 @@ class DecoderState:
         """Reorder, repeat or drop rows, e.g. by beam origin. ``same_source``: every row keeps its source
         sentence (beams reordered among themselves), so the memory and cross-attention keys/values stay.
         With ``beams`` > 1 the rows must stay in blocks of one sentence's beams, as beam search keeps them."""
-        caches = [c.select(indices) for c in self.caches]
+        caches = [c.reorder(indices) for c in self.caches]  # gathered by the next step, as it appends
         if same_source:
             return DecoderState(self.memory, self.static_kv, caches, self.offset, self.beams)
         sources = indices if self.beams == 1 else indices[:: self.beams] // self.beams
@@ -57,7 +57,7 @@ class DecoderState:
         if self.beams != 1:
             raise ValueError("the state already holds beams")
         rows = torch.arange(self.memory.states.size(0), device=self.memory.states.device).repeat_interleave(k)
-        return DecoderState(self.memory, self.static_kv, [c.select(rows) for c in self.caches], self.offset, k)
+        return DecoderState(self.memory, self.static_kv, [c.reorder(rows) for c in self.caches], self.offset, k)
 
 
 class Transformer(nn.Module):

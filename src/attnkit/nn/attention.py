@@ -149,13 +149,40 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Te
 
 @dataclass
 class KVCache:
-    """Keys and values of one attention layer, [B, H, S, d_head], grown one step at a time."""
+    """Keys and values of one attention layer, [B, H, S, d_head], grown one step at a time.
+
+    ``order`` [B'] is a row selection not yet applied (:meth:`reorder`): the next step gathers the rows as it
+    appends its own keys and values, one copy of the cache where gathering first would make two.
+    """
 
     keys: Tensor
     values: Tensor
+    order: Tensor | None = None
 
     def select(self, indices: Tensor) -> KVCache:
-        return KVCache(self.keys.index_select(0, indices), self.values.index_select(0, indices))
+        keys, values = self.resolved()
+        return KVCache(keys.index_select(0, indices), values.index_select(0, indices))
+
+    @property
+    def rows(self) -> int:
+        return self.keys.size(0) if self.order is None else self.order.size(0)
+
+    def reorder(self, indices: Tensor) -> KVCache:
+        """:meth:`select`, left for the next step to apply."""
+        # a fresh tensor, not a view: a compiled step guards on a view's base, and would compile again for it
+        order = indices.clone() if self.order is None else self.order.index_select(0, indices)
+        return KVCache(self.keys, self.values, order)
+
+    def resolved(self) -> tuple[Tensor, Tensor]:
+        """(keys, values) with ``order`` applied."""
+        if self.order is None:
+            return self.keys, self.values
+        return self.keys.index_select(0, self.order), self.values.index_select(0, self.order)
+
+    def append(self, keys: Tensor, values: Tensor) -> KVCache:
+        """These keys and values [B', H, t, d_head] after the cached ones (reordered)."""
+        past_keys, past_values = self.resolved()  # compiled, the gather and the cat are one kernel
+        return KVCache(torch.cat([past_keys, keys], dim=2), torch.cat([past_values, values], dim=2))
 
 
 class MultiHeadAttention(nn.Module):
@@ -214,9 +241,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.in_proj(queries).chunk(3, dim=-1)
             q, k, v = self._split(q), self._split(k), self._split(v)
             if cache is not None:
-                k = torch.cat([cache.keys, k], dim=2)
-                v = torch.cat([cache.values, v], dim=2)
-                cache = KVCache(k, v)
+                cache = cache.append(k, v)
+                k, v = cache.keys, cache.values
         else:
             b = None if self.in_proj.bias is None else self.in_proj.bias[:d]
             q = self._split(F.linear(queries, self.in_proj.weight[:d], b))
