@@ -149,9 +149,13 @@ def test_transformer_training_loss_equals_loss_of_its_logits():
 # --- mixed precision
 
 
-def test_mixed_precision_is_refused_on_the_cpu(tmp_path, dates_pairs):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_mixed_precision_and_cuda_are_refused_without_a_gpu(tmp_path, dates_pairs):
     with pytest.raises(AttnkitError, match=r"train.precision = 'bf16' is mixed precision for CUDA.*use fp32"):
         Trainer(tiny_experiment(precision="bf16"), tmp_path, train_pairs=dates_pairs,
+                valid_pairs=generate_dates(20, seed=1))
+    with pytest.raises(AttnkitError, match=r"train.device = 'cuda', but this machine has no CUDA device"):
+        Trainer(tiny_experiment(device="cuda"), tmp_path, train_pairs=dates_pairs,
                 valid_pairs=generate_dates(20, seed=1))
 
 

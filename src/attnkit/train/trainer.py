@@ -56,6 +56,15 @@ def mixed_precision(precision: str, device: torch.device):
     return dtype, (torch.amp.GradScaler(device.type) if precision == "fp16" else None)
 
 
+def gradient_sync(model, sync: bool):
+    """A context in which backward reduces gradients over ranks only if ``sync`` (DDP's ``no_sync``, FSDP's
+    ``set_requires_gradient_sync``): accumulated batches all-reduce once, at an update's last one."""
+    if sharding.is_sharded(model):
+        model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if sync else model.no_sync()
+
+
 def checkpoint_of(path: str | Path) -> Path:
     """A checkpoint directory, or a run directory standing for its last checkpoint."""
     path = Path(path)
@@ -281,9 +290,7 @@ class Trainer:
         for k, idx in enumerate(group):
             b = self.task.batch("train", idx).to(self.device)
             sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
-            if sharding.is_sharded(model):
-                model.set_requires_gradient_sync(sync)
-            with contextlib.nullcontext() if sync or sharding.is_sharded(model) else model.no_sync():
+            with gradient_sync(model, sync):
                 with self.autocast():
                     loss, nll = self.task.loss(model, b, t.label_smoothing)
                 (loss if self.scaler is None else self.scaler.scale(loss)).backward()
