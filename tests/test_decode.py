@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 import attnkit.decode.ranking as ranking
 from attnkit.decode import beam_search, compile_step, filter_logits, generate, greedy, max_lengths, sample, translate
@@ -451,6 +452,7 @@ def test_generate_records_no_autograd_graph(model, src):
 def test_a_compiled_step_decodes_like_the_eager_one(model, src, freeze):
     """``attnkit translate --compile``: greedy and beam outputs and their scores as eager decoding gives them,
     over batches that shrink as sentences end (dynamic shapes), with the weights frozen and prepacked or not."""
+    packed_before = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
     compiled = compile_step(copy.deepcopy(model), freeze=freeze)
     lens = _max_lens(src)
     for search in (lambda m: [[h] for h in greedy(m, _init(m, src), lens)],
@@ -458,3 +460,8 @@ def test_a_compiled_step_decodes_like_the_eager_one(model, src, freeze):
         eager, fast = search(model), search(compiled)
         assert [h[0].tokens for h in fast] == [h[0].tokens for h in eager]
         assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in eager], abs=1e-4)
+    if freeze and torch.backends.mkldnn.is_available():
+        # the weights became graph constants, so Inductor could prepack the linear layers for oneDNN
+        # (torch.compile's options={"freezing": True} alone left them graph inputs and packed nothing)
+        assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packed_before
+
