@@ -470,8 +470,8 @@ def test_a_compiled_step_decodes_like_the_eager_one(model, src, freeze):
     lens = _max_lens(src)
     for search in (lambda m: [[h] for h in greedy(m, _init(m, src), lens)],
                    lambda m: beam_search(m, _init(m, src), lens, beam_size=3)):
-        # compiled afresh, not loaded from Inductor's caches: a cached graph skips the passes counted below
-        with torch._inductor.config.patch(force_disable_caches=True):
+        # frozen: compiled afresh, not loaded from Inductor's caches (a cached graph skips the passes counted below)
+        with torch._inductor.config.patch(force_disable_caches=freeze):
             fast = search(compiled)
         eager = search(model)
         assert [h[0].tokens for h in fast] == [h[0].tokens for h in eager]
