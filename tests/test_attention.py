@@ -157,6 +157,23 @@ def test_single_query_path_equals_explicit_path(padded):
         assert _maxdiff(fast[2:3], alone) <= 1e-5
 
 
+@pytest.mark.parametrize("queries", [1, 3])
+def test_compiled_single_query_attention_equals_eager(queries):
+    """Compiled, a decoding step's attention is written as products and sums for Inductor to fuse: it must give
+    what the batched matmuls give, pads and an all-padding row (the average of its values) included."""
+    from attnkit.nn.attention import single_query_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(4, H, queries, 8), torch.randn(4, H, 7, 8), torch.randn(4, H, 7, 8)
+    kpm = _padding([7, 5, 2, 0], 7)
+    compiled = torch.compile(single_query_attention, fullgraph=True, dynamic=True)
+    torch._dynamo.reset()
+    for mask in (None, kpm):
+        eager = single_query_attention(q, k, v, mask)
+        assert _maxdiff(compiled(q, k, v, mask), eager) <= 1e-5
+    assert _maxdiff(eager[3], v[3].mean(1, keepdim=True).expand_as(eager[3])) <= 1e-5
+
+
 def test_incremental_self_attention_with_cache_equals_causal():
     ours, _ = _pair(5)
     x = torch.randn(2, 6, D)

@@ -134,6 +134,15 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Te
     its values instead of producing NaN. Every causal key is visible to the last query: no causal mask.
     """
     b, h, g, dh = q.shape
+    if torch.compiler.is_compiling():
+        # Written as broadcast products and sums, Inductor turns the whole function into a few loops of its own;
+        # the batched matmuls below are each a library call on [G, d_head] x [d_head, S] blocks, which costs more
+        # than the arithmetic. Compiled decoding of the Multi30k model: 4.0 against 4.1-5.0 ms for a 37-row step,
+        # 1.4 against 1.9 ms for a 5-beam one (bench/translate_throughput.py has the end-to-end numbers)
+        scores = (q[:, :, :, None, :] * k[:, :, None, :, :]).sum(-1) * dh**-0.5  # [B, H, G, S]
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], torch.finfo(q.dtype).min)
+        return (torch.softmax(scores, dim=-1)[..., None] * v[:, :, None, :, :]).sum(-2)
     s = k.size(2)
     q, k, v = q.reshape(b * h, g, dh), k.reshape(b * h, s, dh), v.reshape(b * h, s, dh)
     if key_padding_mask is None:
