@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._dynamo.utils import counters
 
 import attnkit.decode.ranking as ranking
 from attnkit.decode import beam_search, compile_step, filter_logits, generate, greedy, max_lengths, sample, translate
@@ -463,21 +462,37 @@ def test_two_frozen_models_in_one_process_keep_their_own_weights(src):
 @pytest.mark.parametrize("freeze", [False, True])
 def test_a_compiled_step_decodes_like_the_eager_one(model, src, freeze):
     """``attnkit translate --compile``: greedy and beam outputs and their scores as eager decoding gives them,
-    over batches that shrink as sentences end (dynamic shapes), with the weights frozen and prepacked or not."""
-    torch._dynamo.reset()  # no graph of an earlier test may serve this one: the passes counted below must run
-    packed_before = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
+    over batches that shrink as sentences end (dynamic shapes), with the weights frozen or not."""
+    torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
     compiled = compile_step(copy.deepcopy(model), freeze=freeze)
     lens = _max_lens(src)
     for search in (lambda m: [[h] for h in greedy(m, _init(m, src), lens)],
                    lambda m: beam_search(m, _init(m, src), lens, beam_size=3)):
-        # frozen: compiled afresh, not loaded from Inductor's caches (a cached graph skips the passes counted below)
-        with torch._inductor.config.patch(force_disable_caches=freeze):
-            fast = search(compiled)
+        fast = search(compiled)
         eager = search(model)
         assert [h[0].tokens for h in fast] == [h[0].tokens for h in eager]
         assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in eager], abs=1e-4)
-    if freeze and torch.backends.mkldnn.is_available():
-        # the weights became graph constants, so Inductor could prepack the linear layers for oneDNN
-        # (torch.compile's options={"freezing": True} alone left them graph inputs and packed nothing)
-        assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packed_before
+
+
+@torch.no_grad()
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN packing is a CPU build's")
+def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_model(model, src):
+    """Frozen, the vocabulary-wide output projection is a oneDNN product with its weight packed at compile time,
+    and the layers' small products stay MKL's (packed for oneDNN, they were slower at these sizes). An unfrozen
+    model compiled first shares the step's code and Dynamo's graphs for it: the frozen one must not run them
+    (it once did, reading the output projection's weight in the unfrozen layout)."""
+    torch._dynamo.reset()  # past the recompile limit, which earlier tests' graphs count towards, steps run eager
+    lens = _max_lens(src)
+    expected = [h.tokens for h in greedy(model, _init(model, src), lens)]
+    unfrozen = compile_step(copy.deepcopy(model))
+    assert [h.tokens for h in greedy(unfrozen, _init(unfrozen, src), lens)] == expected
+    frozen = compile_step(copy.deepcopy(model), freeze=True, cpp_wrapper=False)  # Python wrapper: ops profiled
+    assert [h.tokens for h in greedy(frozen, _init(frozen, src), lens)] == expected
+    with torch.profiler.profile() as prof:
+        hyps = greedy(frozen, _init(frozen, src), lens)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    steps = max(len(h.tokens) for h in hyps) + 1
+    assert calls.get("mkldnn::_linear_pointwise") == steps  # one packed product a step: the output projection
+    assert calls.get("aten::_reorder_linear_weight", 0) == calls.get("mkldnn::_reorder_linear_weight", 0) == 0
+    assert calls.get("aten::addmm", 0) >= steps * len(model.decoder)  # the layers' products, unpacked
 

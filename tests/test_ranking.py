@@ -44,3 +44,25 @@ def test_best_extensions_equal_topk(v, chunk, k):
     assert torch.equal(indices[live], want.indices[live])
     flat = (scores[:, :, None] + log_probs).view(m, k * v)
     assert torch.equal(flat.gather(1, indices), values)  # every index points at its value
+
+
+@torch.no_grad()
+def test_compiled_chunked_paths_equal_argmax_and_topk(monkeypatch):
+    """Compiled, both functions take their chunked path at any size (Inductor fuses it), and with dynamic shapes
+    (the batch shrinks as sentences end) in one graph: the results still equal argmax and topk."""
+    monkeypatch.setattr(ranking, "SMALL", 1 << 17)  # as decoding has it: these tensors are below it
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+
+    def search(log_probs, scores):  # log_probs [m, k, v]
+        m, k, v = log_probs.shape
+        return argmax_rows(log_probs.view(m * k, v)), *best_extensions(scores, log_probs, 2 * k)
+
+    compiled = torch.compile(search, dynamic=True, fullgraph=True)
+    for m in (7, 3):
+        log_probs = torch.randn(m, 5, 600, generator=g).log_softmax(-1)  # 4 chunks of 128 and a tail of 88
+        scores = torch.randn(m, 5, generator=g)
+        best, values, indices = compiled(log_probs, scores)
+        assert torch.equal(best, log_probs.view(m * 5, 600).argmax(-1))
+        want = (scores[:, :, None] + log_probs).view(m, 3000).topk(10, dim=1)
+        assert torch.equal(values, want.values) and torch.equal(indices, want.indices)

@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 
 CHUNK = 128
-SMALL = 1 << 17  # fewer elements than this: the plain kernels (the extra steps here cost more than they save)
+# fewer elements than this: the plain kernels, as the extra steps here cost more than they save; but not in a
+# compiled graph, where Inductor fuses the steps (and its own argmax is not vectorised): the chunked search at any size
+SMALL = 1 << 17
 
 
 def _split(x: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
@@ -27,7 +29,7 @@ def argmax_rows(x: Tensor, chunk: int | None = None) -> Tensor:
     """``x.argmax(-1)`` for x [N, V]: the first index of each row's maximum. -> [N]"""
     n, v = x.shape
     chunk = chunk or CHUNK
-    if v < 4 * chunk or x.numel() < SMALL or x.is_cuda:
+    if v < 4 * chunk or x.is_cuda or (not torch.compiler.is_compiling() and x.numel() < SMALL):
         return x.argmax(-1)
     chunks, tail = _split(x, chunk)
     c, t = chunks.size(1), tail.size(1)
@@ -49,7 +51,8 @@ def best_extensions(scores: Tensor, log_probs: Tensor, n: int, chunk: int | None
     """
     m, k, v = log_probs.shape
     chunk = chunk or CHUNK
-    if v < 4 * chunk or v // chunk < n or log_probs.numel() < SMALL or log_probs.is_cuda:
+    if v < 4 * chunk or v // chunk < n or log_probs.is_cuda or (not torch.compiler.is_compiling()
+                                                                and log_probs.numel() < SMALL):
         return (scores[:, :, None] + log_probs).view(m, k * v).topk(n, dim=1)
     chunks, tail = _split(log_probs.view(m * k, v), chunk)  # [M K, C, chunk], [M K, T]
     c, t = chunks.size(1), tail.size(1)

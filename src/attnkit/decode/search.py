@@ -15,8 +15,11 @@ gathered again.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -64,6 +67,26 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
+def _end_at_limits(log_probs: Tensor, tokens: Tensor, limits: Tensor, t: int) -> tuple[Tensor, Tensor]:
+    """tokens [N] chosen at step ``t`` -> (tokens with EOS where a row reaches its limit [N], their log-probs [N])."""
+    tokens = tokens.masked_fill(limits <= t + 1, EOS)
+    return tokens, log_probs.gather(1, tokens[:, None]).squeeze(1)
+
+
+def greedy_step(step, tokens: Tensor, state, limits: Tensor, t: int, need_weights: bool = False):
+    """A greedy decoding step: ``step`` (a model's) and the choice of its best tokens, in one function, so that
+    :func:`compile_step` compiles them into one graph. tokens [N], limits [N] (the longest output allowed per row)
+    -> (next tokens [N], their log-probabilities [N], state, attention)."""
+    log_probs, state, attn = step(tokens, state, need_weights)
+    return *_end_at_limits(log_probs, argmax_rows(log_probs), limits, t), state, attn
+
+
+def _search_step(model, search_step):
+    """``search_step`` with ``model.step`` bound: the compiled version if :func:`compile_step` made one."""
+    compiled = getattr(model, "compiled_search_steps", {}).get(search_step.__name__)
+    return compiled or partial(search_step, model.step)
+
+
 @torch.no_grad()
 def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            generator: torch.Generator | None = None, need_weights: bool = False,
@@ -82,21 +105,23 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
     tokens = torch.full((n,), BOS, dtype=torch.long, device=dev)
     out = torch.full((n, limit), EOS, dtype=torch.long, device=dev)
     step_scores, attn_all, steps = torch.zeros(n, limit, device=dev), None, 0
+    step_and_choose = _search_step(model, greedy_step)
     for t in range(limit):
-        log_probs, state, attn = model.step(tokens, state, need_weights)
-        if prefix is not None and t < prefix.size(1):
-            tokens = prefix[rows, t]
-        elif temperature == 0:
-            tokens = argmax_rows(log_probs)
+        if temperature == 0 and (prefix is None or t >= prefix.size(1)):
+            tokens, scores, state, attn = step_and_choose(tokens, state, row_limits, t, need_weights)
         else:
-            logits = filter_logits(log_probs / temperature, top_k, top_p)
-            probs = torch.softmax(logits, -1)
-            if generator is not None and generator.device != probs.device:  # a seed draws the same on any device
-                probs = probs.cpu()
-            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(dev)
-        tokens = tokens.masked_fill(row_limits <= t + 1, EOS)  # force an end
+            log_probs, state, attn = model.step(tokens, state, need_weights)
+            if prefix is not None and t < prefix.size(1):
+                tokens = prefix[rows, t]
+            else:
+                logits = filter_logits(log_probs / temperature, top_k, top_p)
+                probs = torch.softmax(logits, -1)
+                if generator is not None and generator.device != probs.device:  # a seed draws the same on any device
+                    probs = probs.cpu()
+                tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(dev)
+            tokens, scores = _end_at_limits(log_probs, tokens, row_limits, t)
         at = (slice(None) if every_row else rows, t)
-        step_scores[at] = log_probs.gather(1, tokens[:, None]).squeeze(1)
+        step_scores[at] = scores
         out[at] = tokens
         steps = t + 1
         if attn is not None:
@@ -126,6 +151,56 @@ def greedy(model, state, max_lens: Tensor, need_weights: bool = False) -> list[H
     return sample(model, state, max_lens, temperature=0.0, need_weights=need_weights)
 
 
+class BeamStep(NamedTuple):
+    """One step of beam search over m sentences of k beams: the next beams and the candidates that ended."""
+
+    state: object  # reordered to the next beams, k consecutive rows per sentence
+    tokens: Tensor  # [m k] each next beam's last token
+    scores: Tensor  # [m, k] their scores, best first (-inf: a dead beam)
+    history: Tensor  # [m k, t + 1] their tokens so far
+    rows: Tensor  # [m k] the row (of the step's input) each next beam extends
+    ending: Tensor  # [m, 2k] the ranked candidates that end a hypothesis
+    candidate_scores: Tensor  # [m, 2k]
+    candidate_rows: Tensor  # [m, 2k] the row each candidate extends
+    stuck: Tensor  # [m] no candidate goes on
+    attention: Tensor | None  # [rows of the step's input, S]
+
+
+def beam_step(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limits: Tensor, t: int,
+              need_weights: bool = False, at_limit: bool = True) -> BeamStep:
+    """A beam search step: ``step`` (a model's) on the beams' last tokens, then the ranking, in one function, so that
+    :func:`compile_step` compiles them into one graph. tokens [m k] (at ``t == 0``: [m], one row per sentence),
+    scores [m, k], history [m k, t], limits [m] (the longest output allowed); ``at_limit``: some sentence reaches
+    its limit at this step (else eager code skips the mask that allows only EOS there)."""
+    log_probs, state, attn = step(tokens, state, need_weights)
+    m, k = scores.shape
+    if t == 0:  # the k beams of a sentence would start the same: one row each took the first step
+        state = state.repeat_beams(k)  # k rows per sentence (a Transformer keeps its source side once)
+        attn = None if attn is None else attn.repeat_interleave(k, 0)
+    beams, v, dev = 1 if t == 0 else k, log_probs.size(-1), log_probs.device
+    log_probs = log_probs.view(m, beams, v)
+    if torch.compiler.is_compiling() or at_limit:  # at the length limit only EOS may follow
+        last = (limits <= t + 1)[:, None, None] & (torch.arange(v, device=dev) != EOS)
+        log_probs = log_probs.masked_fill(last, float("-inf"))
+    top_scores, top_idx = best_extensions(scores[:, :beams], log_probs, 2 * k)  # [m, 2k] of the k * v
+    top_beam, top_token = top_idx // v, top_idx % v
+    alive, ends = top_scores > float("-inf"), top_token == EOS
+    going = alive & ~ends
+    # an EOS candidate ends a hypothesis if fewer than k going candidates rank above it
+    ending = alive & ends & (going.cumsum(1) - going.long() < k)
+    # the first k going candidates of each sentence (fewer: dead beams with score -inf fill the rest)
+    rank = torch.arange(2 * k, device=dev)
+    pick = torch.where(going, rank, rank + 2 * k).topk(k, dim=1, largest=False).indices  # [m, k], in rank order
+    candidate_rows = top_beam + torch.arange(m, device=dev)[:, None] * k
+    rows = candidate_rows.gather(1, pick).view(-1)
+    tokens = top_token.gather(1, pick).view(-1)
+    scores = top_scores.gather(1, pick).masked_fill(~going.gather(1, pick), float("-inf"))
+    # every row stays with its own sentence: the source side of the state is left as it is
+    history = torch.cat([history[rows], tokens[:, None]], 1)
+    return BeamStep(state.select(rows, same_source=True), tokens, scores, history, rows, ending, top_scores,
+                    candidate_rows, ~going.any(1), attn)
+
+
 @torch.no_grad()
 def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty: float = 1.0, n_best: int = 1,
                 need_weights: bool = False) -> list[list[Hypothesis]]:
@@ -135,86 +210,82 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
     k-th non-EOS one ends a hypothesis, scored ``sum log p / (length + 1) ** len_penalty`` (the +1 counts
     EOS); the first k non-EOS candidates are the next beams. A sentence stops when it holds ``beam_size``
     finished hypotheses (or has no live candidate left), and is then dropped from the batch, so later steps
-    compute only the sentences still searching. The ranking is done on tensors for all sentences at once;
-    Python only sees the hypotheses that end.
+    compute only the sentences still searching. The ranking is done on tensors for all sentences at once
+    (:func:`beam_step`); Python only sees the hypotheses that end.
     """
     n, k, dev = max_lens.size(0), beam_size, model_device(model)
     live = list(range(n))  # sentence id of each remaining block of k rows
-    limits = max_lens.tolist()
+    limits, live_limits = max_lens.tolist(), max_lens.to(dev)
     scores = torch.full((n, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # all beams start identical: keep only one alive
     history = torch.full((n * k, 0), BOS, dtype=torch.long, device=dev)  # [rows, t] the tokens so far of each beam
     attn_history = None  # [rows, t, S]
     tokens = torch.full((n,), BOS, dtype=torch.long, device=dev)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    rank = torch.arange(2 * k, device=dev)
+    step_and_rank = _search_step(model, beam_step)
     for t in range(max(limits)):
-        log_probs, state, attn = model.step(tokens, state, need_weights)
-        if t == 0:  # the k beams of a sentence would start the same: one row each took the first step
-            state = state.repeat_beams(k)  # k rows per sentence (a Transformer keeps its source side once)
-            attn = None if attn is None else attn.repeat_interleave(k, 0)
-        beams = 1 if t == 0 else k  # rows of log_probs per sentence
-        m, v = len(live), log_probs.size(-1)
-        log_probs = log_probs.view(m, beams, v)
-        last = [t + 1 >= limits[s] for s in live]
-        if any(last):  # at the length limit only EOS may follow
-            not_eos = torch.arange(v, device=dev) != EOS
-            log_probs = log_probs.masked_fill(torch.tensor(last, device=dev)[:, None, None] & not_eos, float("-inf"))
-        top_scores, top_idx = best_extensions(scores[:, :beams], log_probs, 2 * k)  # [m, 2k] of the k * v
-        top_beam, top_token = top_idx // v, top_idx % v
-        alive, ends = top_scores > float("-inf"), top_token == EOS
-        going = alive & ~ends
-        # an EOS candidate ends a hypothesis if fewer than k going candidates rank above it
-        ending = alive & ends & (going.cumsum(1) - going.long() < k)
+        at_limit = any(t + 1 >= limits[s] for s in live)
+        r = step_and_rank(tokens, state, scores, history, live_limits, t, need_weights, at_limit)
         # the step's two reads of tensor values, short lists (usually empty)
-        ended = ending.nonzero().tolist()
-        done = set((~going.any(1)).nonzero().flatten().tolist())
+        ended = r.ending.nonzero().tolist()
+        done = set(r.stuck.nonzero().flatten().tolist())
         if ended:
-            rows = (top_beam[ending] + ending.nonzero()[:, 0] * k).tolist()
+            rows = r.candidate_rows[r.ending].tolist()
             hists = history[rows].tolist()
-            for (j, _), row, score, hist in zip(ended, rows, top_scores[ending].tolist(), hists):
+            for (j, _), row, score, hist in zip(ended, rows, r.candidate_scores[r.ending].tolist(), hists):
                 s = live[j]
                 if len(finished[s]) < k:
                     a = None
-                    if attn is not None:
-                        a = attn[row][None] if attn_history is None else torch.cat([attn_history[row],
-                                                                                    attn[row][None]])
+                    if r.attention is not None:
+                        a = r.attention[row][None]
+                        a = a if attn_history is None else torch.cat([attn_history[row], a])
                     finished[s].append(Hypothesis(hist, score / (t + 1) ** len_penalty, a))
                 if len(finished[s]) >= k:
                     done.add(j)
-        # the first k going candidates of each sentence (fewer: dead beams with score -inf fill the rest)
-        pick = torch.where(going, rank, rank + 2 * k).topk(k, dim=1, largest=False).indices  # [m, k], in rank order
-        scores = top_scores.gather(1, pick).masked_fill(~going.gather(1, pick), float("-inf"))
-        rows = (top_beam.gather(1, pick) + torch.arange(m, device=dev)[:, None] * k).view(-1)
-        tokens = top_token.gather(1, pick).view(-1)
+        state, tokens, scores, history = r.state, r.tokens, r.scores, r.history
+        if r.attention is not None:
+            step_attn = r.attention[r.rows][:, None]
+            attn_history = step_attn if attn_history is None else torch.cat([attn_history[r.rows], step_attn], 1)
         if done:
-            keep = [j for j in range(m) if j not in done]
+            keep = [j for j in range(len(live)) if j not in done]
             live = [live[j] for j in keep]
             if not live:
                 break
             keep = torch.tensor(keep, device=dev)
-            scores, rows, tokens = scores[keep], rows.view(m, k)[keep].view(-1), tokens.view(m, k)[keep].view(-1)
-            state = state.select(rows)
-        else:  # every row stays with its own sentence: the source side of the state is left as it is
-            state = state.select(rows, same_source=True)
-        history = torch.cat([history[rows], tokens[:, None]], dim=1)
-        if attn is not None:
-            step_attn = attn[rows][:, None]
-            attn_history = step_attn if attn_history is None else torch.cat([attn_history[rows], step_attn], 1)
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).view(-1)
+            state, tokens, history = state.select(keep_rows), tokens[keep_rows], history[keep_rows]
+            scores, live_limits = scores[keep], live_limits[keep]
+            attn_history = None if attn_history is None else attn_history[keep_rows]
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
 
 
 class _OutputProjection(nn.Module):
-    """``nn.Linear`` with its weight kept as [d_in, d_out]: ``x @ W^T`` without a transposed operand."""
+    """``nn.Linear`` with its weight kept as [d_in, d_out]: ``x @ W^T`` without a transposed operand; or, with
+    ``prepack`` (for a frozen compiled model), a oneDNN product with the weight packed once, when compiled."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, prepack: bool = False):
         super().__init__()
-        self.register_buffer("weight_t", linear.weight.detach().t().contiguous())
+        self.prepack = prepack
+        weight = linear.weight.detach()
+        self.register_buffer("weight", weight.clone() if prepack else weight.t().contiguous())
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def forward(self, x: Tensor) -> Tensor:
-        out = x @ self.weight_t
+        if self.prepack and torch.compiler.is_compiling():
+            # frozen, the packing has only constant inputs, so Inductor runs it once, when it compiles
+            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        out = x @ (self.weight.t() if self.prepack else self.weight)
         return out if self.bias is None else out + self.bias
+
+
+@functools.cache
+def _register_fake_weight_packing() -> None:
+    """Let torch.compile trace ``mkldnn::_reorder_linear_weight``: PyTorch gives it no fake kernel, as Inductor only
+    inserts it after tracing. The packed weight is opaque; the product's shape rule reads only its size."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("mkldnn::_reorder_linear_weight", "Meta"):
+        torch.library.register_fake("mkldnn::_reorder_linear_weight")(
+            lambda weight, batch_size=None: weight.new_empty(weight.shape))
 
 
 def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False):
@@ -225,44 +296,63 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False):
     from then on): at batch 1 a product with it measured 52 against 95 microseconds for the 6k vocabulary.
     Shapes are dynamic (the batch shrinks, the cache grows every step), so one graph serves every step
     after the first two (cache lengths 0 and 1 are compiled apart), and one the encoder, whatever the source
-    length. Compiling took 35 to 40 s on first use for the Multi30k model on this CPU. The compiled
+    length. Each graph of the Multi30k model took 17 to 26 s to compile on this CPU, and greedy decoding at
+    batch 64 makes six (cache lengths 0, 1 and more; one row left; rows reordered or not). The compiled
     kernels may round differently from eager ones: ``bench/translate_throughput.py`` counts the outputs
     that differ and scores both. Inductor's C++ wrapper (``cpp_wrapper``) calls the kernels from C++
     instead of generated Python: at batch 1, where a step is a few microseconds of arithmetic per kernel,
     ``bench/compile_step.py`` measures it against the default wrapper. Training is not compiled: here it made
     a training step slower.
 
-    ``freeze`` lets Inductor treat the weights as constants and prepack every linear layer for oneDNN. That
-    pays when a step decodes several rows (beam search, batches): the 6k-vocabulary projection of 5 rows took
-    97 against 197 microseconds, and decoding 640 test sentences in batches of 64 went from 7,367-8,477 to
-    8,275-9,388 tokens/s (greedy) and from 2,123-2,830 to 2,742-3,100 (beam 5). At one row the packed
-    products are slower (greedy at batch 1: 972-1,190 against 1,241-1,402 tokens/s), so ``attnkit translate
-    --compile`` freezes unless it decodes one sentence greedily.
+    ``freeze`` lets Inductor treat the weights as constants. The output projection is then a oneDNN product with
+    its weight packed once, at compile time: the 6k-vocabulary projection of 40 rows took 710 against 1,103
+    microseconds unpacked. The layers' small products stay MKL's: packed for oneDNN (what Inductor's freezing does
+    to every linear layer when shapes are dynamic) they were slower, 76 against 62 us for [40, 128] x [128, 384]
+    and 39 against 23 for [128, 128] (``torch.ops.mkldnn._linear_pointwise`` against ``F.linear``, one thread).
+    Freezing pays when a step decodes several rows (beam search, batches); at one row packed products were slower
+    (greedy at batch 1: 972-1,190 against 1,241-1,402 tokens/s), so ``attnkit translate --compile`` freezes
+    unless it decodes one sentence greedily.
+
+    Greedy decoding and beam search call :func:`greedy_step` and :func:`beam_step`, the model's step together with
+    the choice of the next tokens, compiled here as one graph each; ``model.step`` alone serves sampling. Against
+    the compiled step alone with every linear layer packed, in one process, interleaved (1,000 test sentences in
+    batches of 64, three rounds; 200 sentences one by one, two rounds): greedy at batch 64 took 6.38 against
+    6.62 s, beam 5 at batch 1 7.77 against 8.89 s (before :func:`~attnkit.decode.ranking.argmax_rows` took its
+    chunked path in compiled graphs too, which cut the fused log-softmax-and-argmax kernel from 420 to 251 us).
     """
-    # the model is not changed after this, so the checks that its modules' attributes are still the same
-    # can go: a batch-1 step then took 0.44 to 0.47 ms against 0.48 to 0.51 ms (four runs each)
-    skip_module_guards = _keep_weight_identity if freeze else torch.compiler.skip_guard_on_all_nn_modules_unsafe
-    options = {"cpp_wrapper": cpp_wrapper, "guard_filter_fn": skip_module_guards}
+    # the model is not changed after this, so most checks that its modules' attributes are still the same can go
+    options = {"cpp_wrapper": cpp_wrapper, "guard_filter_fn": _keep_identities_and_constants}
+    prepack = freeze and torch.backends.mkldnn.is_available() and model_device(model).type == "cpu"
+    if prepack:
+        _register_fake_weight_packing()
     if isinstance(getattr(model, "output", None), nn.Linear):
-        model.output = _OutputProjection(model.output)
+        model.output = _OutputProjection(model.output, prepack)
     # Sizes 0 and 1 are compiled apart (cache lengths 0 and 1, one sentence left), as are greedy and beam steps
     # and cache layouts that differ only in the strides of size-1 dimensions: greedy decoding and beam search
     # at batches 1 and 64 made 10 step graphs, past Dynamo's default limit of 8, above which it runs eager.
+    def compile(fn):
+        compiled = torch.compile(fn, dynamic=True, options=options, recompile_limit=32)
+        return _frozen(compiled) if freeze else compiled
+
+    # greedy decoding and beam search compile the step with their choice of the next tokens (one graph, where the
+    # choice alone was some 35 small eager operations a step); model.step itself serves sampling
+    model.compiled_search_steps = {fn.__name__: compile(partial(fn, model.step)) for fn in (greedy_step, beam_step)}
     for name in ("step", "encode", "init_state"):
-        compiled = torch.compile(getattr(model, name), dynamic=True, options=options, recompile_limit=32)
-        setattr(model, name, _frozen(compiled) if freeze else compiled)
+        setattr(model, name, compile(getattr(model, name)))
     return model
 
 
-def _keep_weight_identity(guard_entries) -> list[bool]:
-    """Dynamo's guards for a frozen model: none on its modules' attributes but the identity of its weights.
-    Frozen, the weights are constants of the graph, and two models share ``step``'s code: without the identity
-    checks a second frozen model in the same process ran the first one's graph (tested). The weights' checks are
-    74 of the ~1,200 guards; Dynamo's cache lookup for a 5-beam step took 67-77 us with them alone against
-    117-234 us with all (torch.profiler, three runs each), though decoding end to end showed no difference
-    beyond this machine's noise (interleaved in one process, where both copies shared ``step``'s cache entries:
-    352 against 362 tokens/s at beam 5, batch 1)."""
-    return [e.guard_type == "ID_MATCH" or not e.orig_guard.source.is_unspecialized_nn_module() for e in guard_entries]
+def _keep_identities_and_constants(guard_entries) -> list[bool]:
+    """Dynamo's guards for a compiled model, which is not changed after :func:`compile_step`: of those on its
+    modules' attributes, only the identity checks (of the weights, when frozen) and the constants' (flags such as
+    ``_OutputProjection.prepack``). Every compiled model shares ``step``'s code, and so the graphs Dynamo keeps for
+    it: without the identity checks a second frozen model in the same process ran the first one's graph, whose
+    weights are constants; without the constants' a frozen model ran an unfrozen model's graph, which reads the
+    output projection's weight in the other layout (both tested). Of ~1,200 guards, Dynamo's cache lookup for a
+    5-beam step took 67-77 us with the frozen model's 74 identity checks alone against 117-234 us with all
+    (torch.profiler, three runs each); decoding end to end showed no difference beyond this machine's noise."""
+    return [e.guard_type in ("ID_MATCH", "CONSTANT_MATCH") or not e.orig_guard.source.is_unspecialized_nn_module()
+            for e in guard_entries]
 
 
 def _frozen(compiled):
@@ -271,7 +361,9 @@ def _frozen(compiled):
     traces inside a call, whenever a new shape needs a graph; so the setting is on for every call."""
     import torch._inductor.config as inductor_config
 
-    freezing = inductor_config.patch(freezing=True)  # one patch object: entering it costs ~6 us, making one 18
+    # one patch object: entering it costs ~6 us, making one 18. Inductor would prepack every linear layer for
+    # oneDNN (dynamic shapes rule out MKL's packing): only the output projection packs itself (_OutputProjection)
+    freezing = inductor_config.patch({"freezing": True, "cpp.weight_prepack": False})
 
     def call(*args, **kwargs):
         with freezing:
