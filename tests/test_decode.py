@@ -484,7 +484,8 @@ def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_mode
     torch._dynamo.reset()  # past the recompile limit, which earlier tests' graphs count towards, steps run eager
     lens = _max_lens(src)
     expected = [h.tokens for h in greedy(model, _init(model, src), lens)]
-    unfrozen = compile_step(copy.deepcopy(model))
+    # the same options for both: Dynamo keeps graphs compiled with other options apart anyway (it checks the backend)
+    unfrozen = compile_step(copy.deepcopy(model), cpp_wrapper=False)
     assert [h.tokens for h in greedy(unfrozen, _init(unfrozen, src), lens)] == expected
     frozen = compile_step(copy.deepcopy(model), freeze=True, cpp_wrapper=False)  # Python wrapper: ops profiled
     assert [h.tokens for h in greedy(frozen, _init(frozen, src), lens)] == expected
