@@ -318,8 +318,9 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False):
     the choice of the next tokens, compiled here as one graph each; ``model.step`` alone serves sampling. Against
     the compiled step alone with every linear layer packed, in one process, interleaved (1,000 test sentences in
     batches of 64, three rounds; 200 sentences one by one, two rounds): greedy at batch 64 took 6.38 against
-    6.62 s, beam 5 at batch 1 7.77 against 8.89 s (before :func:`~attnkit.decode.ranking.argmax_rows` took its
-    chunked path in compiled graphs too, which cut the fused log-softmax-and-argmax kernel from 420 to 251 us).
+    6.62 s, beam 5 at batch 1 7.77 against 8.89 s (before the constants' guards below, and before
+    :func:`~attnkit.decode.ranking.argmax_rows` took its chunked path in compiled graphs too, which cut the fused
+    log-softmax-and-argmax kernel from 420 to 251 us).
     """
     # the model is not changed after this, so most checks that its modules' attributes are still the same can go
     options = {"cpp_wrapper": cpp_wrapper, "guard_filter_fn": _keep_identities_and_constants}
