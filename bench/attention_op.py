@@ -12,6 +12,12 @@ after a warm-up, on ``--threads`` threads (default 1).
 
 Targets (issue 6): >= 1.5x faster than torch.nn.MultiheadAttention at n = 1024 causal, and at n = 4096
 a peak at most 1/10 of the naive one's. A naive case that would not fit in memory is skipped and says so.
+
+What bounds the speed ratio is measured too. Every implementation must do the four projections (timed alone,
+``projections``, with the same shapes) and the attention's own products: at least the causal triangle's
+``2 n(n+1)/2 d_head`` multiply-adds per head for Q K^T and again for the weights times V (three times that
+with the backward), which cannot run faster than this machine's matmul peak (measured here). torch's time over
+that floor is the best ratio any implementation could reach (``ceiling_vs_torch_mha``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 
 BATCH, HEADS, D_HEAD = 8, 8, 64
 IMPLS = ("attnkit", "torch_mha", "naive")
+PROJECTIONS = "projections"  # only the four projections: the part of the op no implementation can skip
 MODES = ("fwd", "fwd_bwd")
 
 
@@ -65,6 +72,11 @@ def run_case(impl: str, mode: str, causal: bool, n: int, threads: int, budget_s:
 
         def op(x):
             return mha(x, x, x, need_weights=False, attn_mask=mask, is_causal=causal)[0]
+    elif impl == PROJECTIONS:
+        mha = MultiHeadAttention(d, HEADS)
+
+        def op(x):  # the input projection's [d, 3d] and the output's [d, d], nothing between them
+            return mha.out_proj(mha.in_proj(x)[..., :d])
     else:
         mha = MultiHeadAttention(d, HEADS)  # only its projections: the attention is written out
 
@@ -117,6 +129,14 @@ def mem_available() -> int:
     return 0
 
 
+def attention_flops(n: int, mode: str, causal: bool) -> float:
+    """The fewest FLOPs of the attention itself (projections aside): Q K^T and weights @ V over the pairs a query
+    may see, the triangle with its diagonal when causal; the backward's four products twice the forward's two."""
+    pairs = n * (n + 1) / 2 if causal else n * n
+    forward = 2 * (2 * BATCH * HEADS * pairs * D_HEAD)
+    return forward if mode == "fwd" else 3 * forward
+
+
 def key(mode: str, causal: bool, n: int) -> str:
     return f"{mode}/{'causal' if causal else 'full'}/n={n}"
 
@@ -152,15 +172,35 @@ def main() -> int:
     def ratio(a: dict, b: dict, field: str) -> float | None:
         return round(a[field] / b[field], 3) if field in a and field in b and b[field] > 0 else None
 
+    # the ceiling of the speed ratio at the target's length: the projections as measured, the attention at peak
+    from attnkit.evaluate.results import matmul_peak
+
+    n_speed = 1024 if 1024 in lengths else lengths[-1]
+    peak = max(matmul_peak(args.threads) for _ in range(2))
+    ceiling = {}
+    for mode in MODES:
+        proj = spawn(PROJECTIONS, mode, True, n_speed, args.threads, args.budget)
+        if "ms" not in proj:
+            ceiling[mode] = {"error": proj.get("error")}
+            continue
+        floor_ms = proj["ms"] + 1000 * attention_flops(n_speed, mode, True) / (peak * 1e9)
+        torch_ms = systems["torch_mha"][key(mode, True, n_speed)].get("ms")
+        ceiling[mode] = {"projections_ms": round(proj["ms"], 1), "floor_ms": round(floor_ms, 1),
+                         "ceiling_vs_torch_mha": round(torch_ms / floor_ms, 3) if torch_ms else None}
+        print(f"{mode}: projections alone {proj['ms']:.1f} ms, + attention at the {peak:.0f} GFLOP/s peak = "
+              f"{floor_ms:.1f} ms: no implementation can be more than {ceiling[mode]['ceiling_vs_torch_mha']}x "
+              f"faster than torch.nn.MultiheadAttention at n={n_speed} causal", flush=True)
+
     ours = systems["attnkit"]
     ratios = {"torch_mha_time_over_attnkit": {k: ratio(systems["torch_mha"][k], v, "ms") for k, v in ours.items()},
               "naive_time_over_attnkit": {k: ratio(systems["naive"][k], v, "ms") for k, v in ours.items()},
               "naive_op_memory_over_attnkit": {k: ratio(systems["naive"][k], v, "op_mb") for k, v in ours.items()}}
-    n_speed = 1024 if 1024 in lengths else lengths[-1]
     n_mem = lengths[-1]
     speed = {m: ratios["torch_mha_time_over_attnkit"][key(m, True, n_speed)] for m in MODES}
     memory = {m: ratios["naive_op_memory_over_attnkit"][key(m, True, n_mem)] for m in MODES}
     metrics = {f"speedup_vs_torch_mha_causal_n{n_speed}": speed, f"naive_memory_over_attnkit_causal_n{n_mem}": memory,
+               f"ceiling_vs_torch_mha_causal_n{n_speed}": {m: ceiling[m].get("ceiling_vs_torch_mha") for m in MODES},
+               "ceiling": {"matmul_peak_gflop_per_s": round(peak, 1), **ceiling},
                "targets": {"speedup_vs_torch_mha_causal_n1024": 1.5, "naive_memory_over_attnkit_n4096": 10.0}}
     for m in MODES:
         print(f"{m}: torch.nn.MultiheadAttention / attnkit time at n={n_speed} causal: {speed[m]}; "

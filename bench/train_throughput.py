@@ -33,23 +33,10 @@ import torch.nn.functional as F
 
 from attnkit.config import load_config
 from attnkit.data import build_tokenizers, collate, encode_pairs, load_split, token_batches
-from attnkit.evaluate.results import write_results
+from attnkit.evaluate.results import matmul_peak, write_results
 from attnkit.export.huggingface import copy_to_marian, marian_config
 from attnkit.memory import keep_freed_memory
 from attnkit.models import PAD, build_model
-
-
-def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 GFLOP/s of ``A @ B`` for square [size, size] matrices on ``threads`` threads."""
-    torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * size**3 / best / 1e9
 
 
 def forward_flops(model, batches) -> int:

@@ -288,7 +288,7 @@ def _register_fake_weight_packing() -> None:
             lambda weight, batch_size=None: weight.new_empty(weight.shape))
 
 
-def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False):
+def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None):
     """Compile ``model.step``, ``model.encode`` and ``model.init_state`` with ``torch.compile``, for inference
     (CPU or GPU); returns the model, which must not be changed afterwards.
 
@@ -305,11 +305,19 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False):
     ``bench/compile_step.py`` measures it against the default wrapper. Training is not compiled: here it made
     a training step slower.
 
-    ``freeze`` lets Inductor treat the weights as constants. The output projection is then a oneDNN product with
-    its weight packed once, at compile time: the 6k-vocabulary projection of 40 rows took 710 against 1,103
-    microseconds unpacked. The layers' small products stay MKL's: packed for oneDNN (what Inductor's freezing does
-    to every linear layer when shapes are dynamic) they were slower, 76 against 62 us for [40, 128] x [128, 384]
-    and 39 against 23 for [128, 128] (``torch.ops.mkldnn._linear_pointwise`` against ``F.linear``, one thread).
+    Every linear layer's weight [out, in] is stored column-major (the same values and shape, strides (1, out)), so
+    that ``F.linear``'s ``x @ W^T`` hands BLAS a contiguous [in, out] matrix rather than a transposed one. On an
+    AVX-512 Xeon (one thread, 37 rows) MKL took 34.6 against 39.7 us for [128, 384], 13.9 against 18.2 for
+    [128, 128] and 23.2 against 31.9 for [256, 128]; greedy decoding at batch 64 went from 1.67-1.73 to 1.50-1.56 s
+    for the 1,000 test sentences (one process, interleaved, compiled and frozen).
+
+    ``freeze`` lets Inductor treat the weights as constants. The output projection may then be a oneDNN product
+    with its weight packed once, at compile time (``pack_output``; None: if that measures faster here, on 32 rows).
+    Which is faster depends on the machine: on an AMD EPYC packing took the 6k-vocabulary projection of 40 rows
+    from 1,103 to 710 microseconds, on the AVX-512 Xeon it was slower than the column-major product at every
+    size tried (518 against 486 us at 37 rows, 221 against 179 at 5). The layers' small products stay MKL's: packed
+    for oneDNN (what Inductor's freezing does to every linear layer when shapes are dynamic) they were slower on
+    both machines, e.g. 76 against 62 us (EPYC) and 50 against 35 (Xeon) for [40, 128] x [128, 384].
     Freezing pays when a step decodes several rows (beam search, batches); at one row packed products were slower
     (greedy at batch 1: 972-1,190 against 1,241-1,402 tokens/s), so ``attnkit translate --compile`` freezes
     unless it decodes one sentence greedily.
@@ -324,11 +332,14 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False):
     """
     # the model is not changed after this, so most checks that its modules' attributes are still the same can go
     options = {"cpp_wrapper": cpp_wrapper, "guard_filter_fn": _keep_identities_and_constants}
-    prepack = freeze and torch.backends.mkldnn.is_available() and model_device(model).type == "cpu"
-    if prepack:
-        _register_fake_weight_packing()
-    if isinstance(getattr(model, "output", None), nn.Linear):
-        model.output = _OutputProjection(model.output, prepack)
+    can_pack = freeze and torch.backends.mkldnn.is_available() and model_device(model).type == "cpu"
+    output = getattr(model, "output", None)
+    if isinstance(output, nn.Linear):
+        prepack = can_pack and (_packing_pays(output.weight.detach()) if pack_output is None else pack_output)
+        if prepack:
+            _register_fake_weight_packing()
+        model.output = _OutputProjection(output, prepack)
+    _store_column_major(model)
     # Sizes 0 and 1 are compiled apart (cache lengths 0 and 1, one sentence left), as are greedy and beam steps
     # and cache layouts that differ only in the strides of size-1 dimensions: greedy decoding and beam search
     # at batches 1 and 64 made 10 step graphs, past Dynamo's default limit of 8, above which it runs eager.
@@ -342,6 +353,37 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False):
     for name in ("step", "encode", "init_state"):
         setattr(model, name, compile(getattr(model, name)))
     return model
+
+
+def _store_column_major(model: nn.Module) -> None:
+    """Every ``nn.Linear`` weight [out, in] of ``model`` stored column-major: ``F.linear`` then multiplies by a
+    contiguous [in, out] matrix, which BLAS runs faster at a decoding step's few rows (see :func:`compile_step`).
+    Slices of the weight (the attention's Q and K/V thirds) are row ranges, which stay plain matrices for BLAS."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.weight.stride(0) != 1:
+            module.weight = nn.Parameter(module.weight.detach().t().contiguous().t(), requires_grad=False)
+
+
+def _packing_pays(weight: Tensor, rows: int = 32, repeats: int = 20) -> bool:
+    """Whether oneDNN's packed product ``x @ weight^T`` beats the plain one with ``weight`` [out, in] transposed
+    once, on this machine: the better of five timings of ``repeats`` products of ``rows`` rows each."""
+    import time
+
+    x = weight.new_empty(rows, weight.size(1)).normal_()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    plain = weight.t().contiguous()
+
+    def best(product) -> float:
+        product()  # warm-up
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                product()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")) < best(lambda: x @ plain)
 
 
 def _keep_identities_and_constants(guard_entries) -> list[bool]:

@@ -44,6 +44,24 @@ def versions() -> dict:
             "numpy": numpy.__version__}
 
 
+def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """This machine's fp32 matmul peak: the best GFLOP/s of ``A @ B`` for square [size, size] matrices on
+    ``threads`` threads (what benchmarks state their fractions of peak against)."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best / 1e9
+
+
 def write_results(path: str | Path, name: str, command: str, metrics: dict, **extra) -> Path:
     v = versions()
     record = {"name": name, "metrics": metrics, **extra, "command": command, "git_commit": git_commit(),

@@ -113,7 +113,10 @@ class DecoderLayer(nn.Module):
             return self.cross_attn(h, memory, key_padding_mask=memory_padding_mask, static_kv=static_kv,
                                    need_weights=need_weights)
         n, _, d = h.shape  # [sentences * beams, 1, d]
-        out, weights, _ = self.cross_attn(h.view(n // beams, beams, d), memory, key_padding_mask=memory_padding_mask,
+        # the sentence count from a tensor's size, not n // beams: compiled, sizes are symbols, and (m k) // m is k to
+        # the compiler, while n // beams stays a division in every index of the attention's loops (4x slower here)
+        sentences = (static_kv.keys if static_kv is not None else memory).size(0)
+        out, weights, _ = self.cross_attn(h.view(sentences, -1, d), memory, key_padding_mask=memory_padding_mask,
                                           static_kv=static_kv, need_weights=need_weights)
         if weights is not None:  # [sentences, H, beams, S] -> [sentences * beams, H, 1, S]
             weights = weights.transpose(1, 2).reshape(n, weights.size(1), 1, weights.size(-1))
