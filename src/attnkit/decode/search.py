@@ -16,6 +16,7 @@ gathered again.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -292,9 +293,9 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
     """Compile ``model.step``, ``model.encode`` and ``model.init_state`` with ``torch.compile``, for inference
     (CPU or GPU); returns the model, which must not be changed afterwards.
 
-    The output projection's [V, d] matrix is stored transposed, [d, V], unless the model is frozen (below; a copy
-    either way: the model is for inference from then on): at batch 1 a product with it measured 52 against 95
-    microseconds for the 6k vocabulary.
+    The output projection's [V, d] matrix is stored transposed, [d, V], unless it is packed (below; a copy either
+    way: the model is for inference from then on): at batch 1 a product with it measured 52 against 95
+    microseconds for the 6k vocabulary (EPYC).
     Shapes are dynamic (the batch shrinks, the cache grows every step), so one graph serves every step
     after the first two (cache lengths 0 and 1 are compiled apart), and one the encoder, whatever the source
     length. Each graph of the Multi30k model took 17 to 26 s to compile on this CPU, and greedy decoding at
@@ -367,8 +368,6 @@ def _store_column_major(model: nn.Module) -> None:
 def _packing_pays(weight: Tensor, rows: int = 32, repeats: int = 20) -> bool:
     """Whether oneDNN's packed product ``x @ weight^T`` beats the plain one with ``weight`` [out, in] transposed
     once, on this machine: the better of five timings of ``repeats`` products of ``rows`` rows each."""
-    import time
-
     x = weight.new_empty(rows, weight.size(1)).normal_()
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
     plain = weight.t().contiguous()
