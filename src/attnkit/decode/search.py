@@ -318,9 +318,10 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
     from 1,103 to 710 microseconds, on the AVX-512 Xeon it was slower than the column-major product at every
     size tried (518 against 486 us at 37 rows, 221 against 179 at 5). The layers' small products stay MKL's: packed
     for oneDNN (what Inductor's freezing does to every linear layer when shapes are dynamic) they were slower on
-    both machines, e.g. 76 against 62 us (EPYC) and 50 against 35 (Xeon) for [40, 128] x [128, 384].
-    Freezing pays when a step decodes several rows (beam search, batches); at one row packed products were slower
-    (greedy at batch 1: 972-1,190 against 1,241-1,402 tokens/s), so ``attnkit translate --compile`` freezes
+    both machines: 76 against 62 us for [40, 128] x [128, 384] (EPYC), 50 against 35 for [37, 128] x [128, 384]
+    (Xeon). Freezing pays when a step decodes several rows (beam search, batches); at one row packed products were
+    slower (greedy at batch 1 on the EPYC: 972-1,190 against 1,241-1,402 tokens/s), and on the Xeon, frozen without
+    packing, it measured the same (963-1,009 against 994-1,087), so ``attnkit translate --compile`` freezes
     unless it decodes one sentence greedily.
 
     Greedy decoding and beam search call :func:`greedy_step` and :func:`beam_step`, the model's step together with

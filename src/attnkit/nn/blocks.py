@@ -114,7 +114,8 @@ class DecoderLayer(nn.Module):
                                    need_weights=need_weights)
         n, _, d = h.shape  # [sentences * beams, 1, d]
         # the sentence count from a tensor's size, not n // beams: compiled, sizes are symbols, and (m k) // m is k to
-        # the compiler, while n // beams stays a division in every index of the attention's loops (4x slower here)
+        # the compiler, while n // beams stays a division in every index of the attention's loops (985 against
+        # 261 us a call for 64 sentences of 5 beams)
         sentences = (static_kv.keys if static_kv is not None else memory).size(0)
         out, weights, _ = self.cross_attn(h.view(sentences, -1, d), memory, key_padding_mask=memory_padding_mask,
                                           static_kv=static_kv, need_weights=need_weights)
