@@ -1,7 +1,8 @@
 """What ``attnkit translate --compile`` buys at batch 1: greedy decoding of the first N test_2016_flickr
 sentences one at a time, eager against ``attnkit.decode.compile_step`` (encoder and decoding step under
-``torch.compile``) with Inductor's C++ wrapper, which it uses, and with the default (Python) wrapper.
-Outputs are compared with eager's.
+``torch.compile``) with Inductor's C++ wrapper, and with the default (Python) wrapper, and with the search steps
+compiled ahead of time (AOTInductor; the encoder under torch.compile), which ``--compile`` uses. Outputs are
+compared with eager's.
 
     python bench/compile_step.py --sentences 100    # -> bench/results/compile_step.json
 """
@@ -44,11 +45,13 @@ def main() -> int:
         return [generate(m, torch.tensor([s]), n)[0][0].tokens for s, n in zip(sentences, limit)]
 
     systems, eager = {}, None
-    for name, cpp_wrapper in (("eager", None), ("compiled_python_wrapper", False), ("compiled_cpp_wrapper", True)):
-        m = model if cpp_wrapper is None else copy.deepcopy(model)
+    variants = {"eager": None, "compiled_python_wrapper": {"cpp_wrapper": False},
+                "compiled_cpp_wrapper": {"cpp_wrapper": True}, "ahead_of_time": {"ahead_of_time": True}}
+    for name, options in variants.items():
+        m = model if options is None else copy.deepcopy(model)
         start = time.perf_counter()
-        if cpp_wrapper is not None:
-            compile_step(m, cpp_wrapper=cpp_wrapper)
+        if options is not None:
+            compile_step(m, **options)
         with torch.no_grad():
             decode(m, sources[:3])  # compiles on first use
             warm = time.perf_counter() - start

@@ -22,7 +22,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=int, default=4000, help="source tokens per batch")
     p.add_argument("--n-best", type=int, default=1)
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoding step: a minute to compile, then faster (see README)")
+                   help="compile the decoding steps ahead of time (AOTInductor) and the encoder (torch.compile): "
+                        "a minute to compile, then faster (see README)")
 
 
 def cmd_train(args) -> int:
@@ -58,15 +59,15 @@ def _decode_options(args, cfg) -> dict:
 
 
 def _load_for_decoding(args, sentences: int):
-    """load_checkpoint(--checkpoint), with the decoding step compiled under --compile; the weights are frozen
-    (prepacked) unless each step decodes one row (one sentence, greedy), where that is slower."""
+    """load_checkpoint(--checkpoint), with the decoding step compiled under --compile: the search steps ahead of
+    time (AOTInductor), the encoder by torch.compile, its weights frozen unless one sentence is decoded greedily."""
     from attnkit.decode import compile_step
     from attnkit.train import load_checkpoint
 
     model, cfg, *rest = load_checkpoint(args.checkpoint)
     if args.compile:
         beam = args.beam or cfg.decode.beam_size
-        model = compile_step(model, freeze=beam > 1 or sentences > 1)
+        model = compile_step(model, freeze=beam > 1 or sentences > 1, ahead_of_time=True)
     return model, cfg, *rest
 
 

@@ -289,7 +289,8 @@ def _register_fake_weight_packing() -> None:
             lambda weight, batch_size=None: weight.new_empty(weight.shape))
 
 
-def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None):
+def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
+                 ahead_of_time: bool = False):
     """Compile ``model.step``, ``model.encode`` and ``model.init_state`` with ``torch.compile``, for inference
     (CPU or GPU); returns the model, which must not be changed afterwards.
 
@@ -324,6 +325,10 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
     packing, it measured the same (963-1,009 against 994-1,087), so ``attnkit translate --compile`` freezes
     unless it decodes one sentence greedily.
 
+    ``ahead_of_time``: greedy decoding and beam search run their steps exported and compiled by AOTInductor
+    (:mod:`attnkit.decode.aot`), where the model's state allows it (the Transformer's), without the Python that
+    torch.compile runs around each call.
+
     Greedy decoding and beam search call :func:`greedy_step` and :func:`beam_step`, the model's step together with
     the choice of the next tokens, compiled here as one graph each; ``model.step`` alone serves sampling. Against
     the compiled step alone with every linear layer packed, in one process, interleaved (1,000 test sentences in
@@ -342,6 +347,7 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
             _register_fake_weight_packing()
         model.output = _OutputProjection(output, prepack)
     _store_column_major(model)
+    eager_step = model.step
     # Sizes 0 and 1 are compiled apart (cache lengths 0 and 1, one sentence left), as are greedy and beam steps
     # and cache layouts that differ only in the strides of size-1 dimensions: greedy decoding and beam search
     # at batches 1 and 64 made 10 step graphs, past Dynamo's default limit of 8, above which it runs eager.
@@ -352,6 +358,11 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
     # greedy decoding and beam search compile the step with their choice of the next tokens (one graph, where the
     # choice alone was some 35 small eager operations a step); model.step itself serves sampling
     model.compiled_search_steps = {fn.__name__: compile(partial(fn, model.step)) for fn in (greedy_step, beam_step)}
+    if ahead_of_time:
+        from attnkit.decode.aot import AheadOfTimeStep
+
+        model.compiled_search_steps = {name: AheadOfTimeStep(model, eager_step, fn, model.compiled_search_steps[name])
+                                       for name, fn in (("greedy_step", greedy_step), ("beam_step", beam_step))}
     for name in ("step", "encode", "init_state"):
         setattr(model, name, compile(getattr(model, name)))
     return model

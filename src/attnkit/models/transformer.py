@@ -52,6 +52,25 @@ class DecoderState:
         return DecoderState(self.memory.select(sources), [kv.select(sources) for kv in self.static_kv], caches,
                             self.offset, self.beams)
 
+    def tensors(self) -> list[Tensor]:
+        """The state as flat tensors (for ``torch.export``, :mod:`attnkit.decode.aot`): the memory's states and
+        padding mask, each layer's cross-attention keys and values, each layer's cache keys and values, and the
+        caches' pending row order [rows] (every row in place, if none: one graph serves both)."""
+        order = self.caches[0].order
+        if order is None:
+            order = torch.arange(self.caches[0].rows, device=self.caches[0].keys.device)
+        return [self.memory.states, self.memory.padding_mask,
+                *(x for kv in self.static_kv for x in (kv.keys, kv.values)),
+                *(x for c in self.caches for x in (c.keys, c.values)), order]
+
+    @classmethod
+    def from_tensors(cls, tensors: list[Tensor], beams: int) -> DecoderState:
+        """The state :meth:`tensors` listed. Its offset is the caches' length: exported, a size, not a constant."""
+        layers = (len(tensors) - 3) // 4
+        static, caches, order = tensors[2:2 + 2 * layers], tensors[2 + 2 * layers:-1], tensors[-1]
+        return cls(Memory(tensors[0], tensors[1]), [KVCache(*static[i:i + 2]) for i in range(0, 2 * layers, 2)],
+                   [KVCache(*caches[i:i + 2], order) for i in range(0, 2 * layers, 2)], caches[0].size(2), beams)
+
     def repeat_beams(self, k: int) -> DecoderState:
         """Every row becomes ``k`` rows, its beams; the source side stays one row per sentence."""
         if self.beams != 1:

@@ -1,0 +1,97 @@
+"""Search steps compiled ahead of time (torch.export + AOTInductor): the same outputs as eager decoding, one graph
+for every batch size and cache length, and the fallback wherever a graph does not apply."""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+
+import pytest
+import torch
+
+from attnkit.decode import beam_search, compile_step, greedy, max_lengths
+from attnkit.decode.aot import AheadOfTimeStep
+from attnkit.decode.search import beam_step, greedy_step
+from attnkit.models import PAD
+from conftest import make_model, random_src, toy_trained_model
+
+VOCAB = 23
+
+
+@pytest.fixture(scope="module")
+def model():
+    return toy_trained_model(vocab=VOCAB, steps=60)
+
+
+def _decode(model, src, beam: int, a: float = 1.0, b: int = 4, need_weights: bool = False):
+    lens = max_lengths(src.ne(PAD).sum(1), a, b)
+    state = model.init_state(model.encode(src))
+    if beam == 1:
+        return [[h] for h in greedy(model, state, lens, need_weights)]
+    return beam_search(model, state, lens, beam_size=beam, need_weights=need_weights)
+
+
+def _same(fast, eager):
+    assert [h[0].tokens for h in fast] == [h[0].tokens for h in eager]
+    assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in eager], abs=1e-4)
+
+
+class Counting:
+    """A search step's eager version that counts its calls: the fallback of an :class:`AheadOfTimeStep`."""
+
+    def __init__(self, model, search_step):
+        self.calls, self.run = 0, partial(search_step, model.step)
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.run(*args)
+
+
+def _ahead_of_time(model):
+    """``model`` (a copy) with ahead-of-time search steps whose fallbacks count their calls."""
+    model = copy.deepcopy(model)
+    fallbacks = {f.__name__: Counting(model, f) for f in (greedy_step, beam_step)}
+    model.compiled_search_steps = {name: AheadOfTimeStep(model, model.step, f, fallbacks[f.__name__])
+                                   for name, f in (("greedy_step", greedy_step), ("beam_step", beam_step))}
+    return model, fallbacks
+
+
+@torch.no_grad()
+def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
+    """``attnkit translate --compile``'s model. Greedy and beam search over a batch whose sentences end at
+    different steps (rows leave, the caches carry a pending reordering), then one sentence alone: the graphs
+    made on the first batch serve the second, never falling back, and give eager decoding's outputs and scores."""
+    fast = compile_step(copy.deepcopy(model), freeze=True, ahead_of_time=True)
+    src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
+    for beam, search_step in ((1, greedy_step), (3, beam_step)):
+        aot = fast.compiled_search_steps[search_step.__name__]
+        assert isinstance(aot, AheadOfTimeStep)
+        aot.fallback = Counting(fast, search_step)
+        _same(_decode(fast, src, beam), _decode(model, src, beam))  # the first call of each kind runs eagerly
+        assert len(aot.packages) == 2 and all(aot.packages.values())  # the first step's graph and the later steps'
+        for batch in (src, src[2:3, :5]):
+            _same(_decode(fast, batch, beam), _decode(model, batch, beam))
+        assert len(aot.packages) == 2 and aot.fallback.calls == 0
+
+
+@torch.no_grad()
+def test_steps_a_graph_does_not_cover_run_the_fallback():
+    """A cache longer than the positional table the graph was traced with (sinusoidal, 8 positions: eagerly the
+    table grows) is outside the graph's bounds, as are steps that return attention weights: the fallback runs
+    them, and the outputs stay eager decoding's."""
+    model = make_model(VOCAB, seed=3, max_positions=8)
+    src = random_src([3, 2], vocab=VOCAB, seed=1)
+    fast, fallbacks = _ahead_of_time(model)
+    eager = _decode(model, src, 1, a=0.0, b=12)
+    assert max(len(h[0].tokens) for h in eager) > 8  # a random model rarely ends: it runs to the limit
+    _same(_decode(fast, src, 1, a=0.0, b=12), eager)
+    calls = fallbacks["greedy_step"].calls
+    _same(_decode(fast, src, 1, a=0.0, b=12), eager)
+    steps = max(len(h[0].tokens) for h in eager) + 1
+    assert fallbacks["greedy_step"].calls - calls == steps - 8  # the steps at cache lengths 8 and more
+    calls = fallbacks["greedy_step"].calls
+    weights = _decode(fast, src, 1, need_weights=True)
+    assert fallbacks["greedy_step"].calls > calls
+    expected = _decode(model, src, 1, need_weights=True)
+    for a, b in zip(weights, expected):
+        torch.testing.assert_close(a[0].attention, b[0].attention)
