@@ -31,9 +31,9 @@ class AheadOfTimeStep:
     t, *flags)``, where the first flag is ``need_weights``.
 
     The first call of each kind (state type and beams, beam size, first step or not) runs eagerly and exports and
-    compiles a package from its inputs; later calls of that kind run the package. Sizes stay symbols (a graph
-    made at one sentence and cache length 1 serves 64 sentences and length 30); sizes the graph bounds (the
-    positional table's length) are checked before each call, and the fallback runs outside them.
+    compiles a package from its inputs' shapes; later calls of that kind run the package. Sizes stay symbols (a
+    graph made for one sentence at cache length 2 serves 64 sentences and length 30); sizes the graph bounds
+    (the positional table's length) are checked before each call, and the fallback runs outside them.
     """
 
     def __init__(self, model: nn.Module, step, search_step, fallback):
@@ -51,12 +51,14 @@ class AheadOfTimeStep:
         key = (type(state), state.beams, t == 0, *(x.shape[1:] for x in tensors if x.is_floating_point()))
         flat = [tokens, *state.tensors(), *tensors]
         if key not in self.packages:
-            self.packages[key] = self._build(flat, state)
-            return partial(self.search_step, self.step)(tokens, state, *args)
+            if not any(n == 1 for x in flat for n in x.shape[1:]):  # not the caches at t == 1: see _Package.build
+                self.packages[key] = self._build(flat, state)
+            return partial(self.search_step, self.step)(tokens, state, *args)  # eagerly, while there is no graph
         package = self.packages[key]
         if package is None or not package.fits(flat):
             return self.fallback(tokens, state, *args)
-        return package.run(flat)
+        # the graph reads its inputs with the strides of a contiguous tensor (below)
+        return package.run([x if x.is_contiguous() else x.contiguous() for x in flat])
 
     def _build(self, flat: list[Tensor], state) -> _Package | None:
         path = Path(self._directory.name) / f"step{len(self.packages)}.pt2"
@@ -112,8 +114,15 @@ class _Package:
         for i in range(1 + state_size, len(flat)):
             if flat[i].is_floating_point():
                 dynamic[i].update({d: Dim.STATIC for d in range(1, flat[i].dim())})
-        with torch.no_grad(), fx_config.patch(backed_size_oblivious=True):
-            program = torch.export.export(Flat(), tuple(flat), dynamic_shapes=(dynamic[0], tuple(dynamic[1:])),
+        # Traced with one sentence, a graph computed wrong rows for three (an Inductor kernel specialised on the
+        # size 1 it saw, though the exported program was right): the example has every input twice over along
+        # its first dim, the batch's, which all of them are; only sizes matter to the trace, not values. A call
+        # with another dim of size 1 (the caches at t == 1) does not build. The example's tensors are fresh and
+        # contiguous, as the graph reads its inputs (a size-1 dim may have any stride), and sizes that happen to
+        # be equal stay separate symbols.
+        example = tuple(torch.cat([x, x]) if x.dim() else x for x in flat)
+        with torch.no_grad(), fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
+            program = torch.export.export(Flat(), example, dynamic_shapes=(dynamic[0], tuple(dynamic[1:])),
                                              strict=False)
             options = {"post_grad_custom_post_pass": _BiasAddAfterProduct()}
             torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
