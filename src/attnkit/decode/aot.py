@@ -10,6 +10,9 @@ A state can be exported if it is a flat list of tensors (``state.tensors()``, an
 ``from_tensors(tensors, beams)`` that builds it again, its offset read from a size): the Transformer's
 :class:`~attnkit.models.transformer.DecoderState`. Other states, and steps that return attention weights, run the
 fallback (``compile_step``'s torch.compile graph).
+
+Each package holds the model's weights as constants of its own: a search makes two (its first step, its later
+steps), so greedy decoding and beam search together hold four copies of the weights beside the model's.
 """
 
 from __future__ import annotations
