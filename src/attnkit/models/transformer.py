@@ -55,7 +55,8 @@ class DecoderState:
     def tensors(self) -> list[Tensor]:
         """The state as flat tensors (for ``torch.export``, :mod:`attnkit.decode.aot`): the memory's states and
         padding mask, each layer's cross-attention keys and values, each layer's cache keys and values, and the
-        caches' pending row order [rows] (every row in place, if none: one graph serves both)."""
+        caches' pending row order [rows] (one for all layers, which are reordered together; every row in place if
+        none: one graph serves both)."""
         order = self.caches[0].order
         if order is None:
             order = torch.arange(self.caches[0].rows, device=self.caches[0].keys.device)
