@@ -93,7 +93,7 @@ def test_train_translate_evaluate(tmp_path, data_dir):
     assert len(translations) == 5
     assert all(t.strip() for t in translations)
     assert translations != val.src[:5]
-    # --compile (five sentences: frozen, the output projection packed where faster) translates as eager decoding does
+    # --compile (five sentences: the search steps ahead of time, the encoder frozen) translates as eager decoding does
     greedy, compiled = tmp_path / "greedy.de", tmp_path / "compiled.de"
     for out_file, extra in ((greedy, []), (compiled, ["--compile"])):
         _attnkit("translate", "--checkpoint", run, "--input", few, "--output", out_file, "--beam", "1", *extra,

@@ -22,10 +22,14 @@ import warnings
 from functools import partial
 from pathlib import Path
 
+import sympy
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 from torch._guards import detect_fake_mode
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch.export import Dim
+from torch.utils._sympy.numbers import int_oo
 
 
 class AheadOfTimeStep:
@@ -49,9 +53,9 @@ class AheadOfTimeStep:
         tensors, (t, *flags) = list(args[:n]), args[n:]
         if (flags and flags[0]) or not tokens.is_cpu or not exportable(state) or t != state.offset:
             return self.fallback(tokens, state, *args)
-        # beam_step's scores [m, k]: the beam size is a constant of its graph (the dims after the first of every
-        # float input); its first step (t == 0) makes the beams, a graph of its own
-        key = (type(state), state.beams, t == 0, *(x.shape[1:] for x in tensors if x.is_floating_point()))
+        # sizes that are constants of a graph (the beam size) tell graphs apart, as does beam search's first step
+        # (t == 0), which makes the beams
+        key = (type(state), state.beams, t == 0, *(tuple(x.size(d) for d in _constant_dims(x)) for x in tensors))
         flat = [tokens, *state.tensors(), *tensors]
         if key not in self.packages:
             if not any(n == 1 for x in flat for n in x.shape[1:]):  # not the caches at t == 1: see _Package.build
@@ -77,6 +81,12 @@ def exportable(state) -> bool:
     return hasattr(state, "tensors") and hasattr(type(state), "from_tensors")
 
 
+def _constant_dims(x: Tensor) -> range:
+    """The dims of a search step's tensor argument (after the state) that are constants of its graph: those after
+    the first of a float one (beam_step's scores [m, k]: the beam size)."""
+    return range(1, x.dim()) if x.is_floating_point() else range(0)
+
+
 class _Package:
     """One exported and compiled search step: its runner, how to build the step's result from the flat outputs
     (inputs that come back unchanged are taken from the inputs, not copied through the graph), and the bounds
@@ -89,9 +99,6 @@ class _Package:
     def build(cls, aot: AheadOfTimeStep, flat: list[Tensor], state, path: Path) -> _Package:
         """Export and compile ``aot``'s search step for inputs like ``flat`` (tokens, ``state.tensors()``, the
         other tensors) into ``path``."""
-        import torch.fx.experimental._config as fx_config
-        from torch.export import Dim
-
         state_type, beams, state_size = type(state), state.beams, len(state.tensors())
         recorded: dict = {}
 
@@ -109,14 +116,11 @@ class _Package:
                 recorded["passed"] = [index.get(id(x)) for x in leaves]
                 return tuple(x for x in leaves if id(x) not in index)
 
-        # every size a symbol (AUTO: whatever the trace finds them to be), but the dims after the first of the
-        # float inputs after the state (the beam size); sizes 0 and 1 are not special-cased, so that a graph
-        # traced at one sentence serves any number
-        # (the first step's empty caches stay empty: their length is a constant of the first step's graph)
+        # every size a symbol (AUTO: whatever the trace finds them to be), but the constant ones and the first
+        # step's empty caches (their length is a constant of the first step's graph)
         dynamic = [{d: Dim.STATIC if n == 0 else Dim.AUTO for d, n in enumerate(x.shape)} for x in flat]
         for i in range(1 + state_size, len(flat)):
-            if flat[i].is_floating_point():
-                dynamic[i].update({d: Dim.STATIC for d in range(1, flat[i].dim())})
+            dynamic[i].update({d: Dim.STATIC for d in _constant_dims(flat[i])})
         # Traced with one sentence, a graph computed wrong rows for three (an Inductor kernel specialised on the
         # size 1 it saw, though the exported program was right): the example has every input twice over along
         # its first dim, the batch's, which all of them are; only sizes matter to the trace, not values. A call
@@ -167,9 +171,6 @@ class _BiasAddAfterProduct(CustomGraphPass):
 
 def _bounds(program) -> list[tuple[int, int, int, int]]:
     """The sizes of the program's inputs that its symbols' ranges bound: (input, dim, lowest, highest)."""
-    import sympy
-    from torch.utils._sympy.numbers import int_oo
-
     ranges = program.range_constraints
     inputs = [node for node in program.graph.nodes if node.op == "placeholder"
               and node.name in program.graph_signature.user_inputs]
