@@ -1,5 +1,7 @@
 # make demo   — set up .venv on a fresh machine, then train the dates demo (< 3 min)
+# make serve  — attnkit serve on runs/multi30k_en_de, else on runs/demo (make demo first if missing); prints the URL
 # make test   — set up .venv, then run the test suite
+# make browser — Debian's chromium and chromium-driver (apt-get, only when missing): the explorer's browser tests
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
 # make tatoeba-rnnencdec, tatoeba-rnnsearch, tatoeba-transformer — the same three on Tatoeba, long sentences held out
@@ -8,6 +10,10 @@
 # make tinyshakespeare, wikitext2 — the GPT recipes (30 and 60 training minutes), then their results JSON
 # make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
+# make wheel-check — build the wheel, install it with torch==2.13.0 into a fresh python3.11 venv, run attnkit
+#              --version and a 30-step demo from it (part of make test; a few minutes, mostly installing torch)
+# make threads-demo — demo training steps/s with one core held busy: torch's default threads against attnkit's
+#              (bench/results/threads_demo.json; run it on an otherwise quiet machine)
 # make bench — attnkit against torch.nn.MultiheadAttention, Hugging Face and CTranslate2 (attention op, training and
 #              translation throughput, about 15 min; runs `make multi30k` first if its checkpoint is missing), JSON
 #              into bench/results/
@@ -22,7 +28,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
 
-.PHONY: demo test multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean
+.PHONY: serve demo test multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean wheel-check threads-demo browser
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -34,8 +40,29 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(RUN) $(VENV)/bin/attnkit demo --run-dir runs/demo
 
-test: $(STAMP)
+# attnkit serve on the Multi30k recipe's run when it exists, else on the demo's (trained first by make demo if
+# missing); the attention explorer at the printed URL, the API's page at /docs. SERVE_PORT=8001 make serve to move.
+SERVE_PORT ?= 8000
+serve: $(STAMP)
+	@if [ -d runs/multi30k_en_de/checkpoints ]; then run=runs/multi30k_en_de; else run=runs/demo; \
+		if [ ! -d runs/demo/checkpoints ]; then $(MAKE) demo || [ -d runs/demo/checkpoints ] || exit 1; fi; fi; \
+	echo "make serve: serving $$run: open http://127.0.0.1:$(SERVE_PORT)/ (the explorer; the API at /docs; Ctrl-C stops)"; \
+	$(RUN) exec $(VENV)/bin/attnkit serve $$run --port $(SERVE_PORT)
+
+test: $(STAMP) wheel-check browser
 	$(RUN) $(PY) -m pytest -q
+
+# tests/test_explorer.py drives the explorer in a real headless Chromium through Selenium (Playwright's own browser
+# download cannot work here); without /usr/bin/chromium after this target those tests are skipped, not failed
+APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then exit 0; fi; \
+	if ! command -v apt-get > /dev/null; then echo "make browser: no apt-get: install Chromium and its driver \
+	yourself (the browser tests are skipped without them)"; exit 0; fi; \
+	echo "make browser: installing chromium and chromium-driver with apt-get"; \
+	$(APT) install -y -q chromium chromium-driver > /dev/null 2>&1 \
+		|| { $(APT) update -q > /dev/null && $(APT) install -y -q chromium chromium-driver > /dev/null; } \
+		|| echo "make browser: apt-get could not install chromium (the browser tests are skipped without it)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
@@ -103,6 +130,38 @@ bench: $(STAMP) $(MULTI30K_CHECKPOINT)
 	$(RUN) $(PY) bench/attention_op.py
 	$(RUN) $(PY) bench/train_throughput.py
 	$(RUN) $(PY) bench/translate_throughput.py
+
+# What a user gets from `pip install attnkit`: the wheel alone (no -e, no source tree on the path) with torch==2.13.0,
+# the lower bound pyproject.toml states, in a new venv (--no-compile: bytecode only for what runs). The wheel is built
+# from a copy of the sources (setuptools leaves build/ beside pyproject.toml). pip's cache is kept between runs.
+WHEEL_PYTHON ?= python3.11
+# every module under src/attnkit is in the wheel (what the package finder settings leave out fails the check)
+export WHEEL_HAS_ALL_MODULES := import pathlib, sys, zipfile; names = set(zipfile.ZipFile(sys.argv[1]).namelist()); \
+missing = sorted(str(p.relative_to("src")) for p in pathlib.Path("src/attnkit").rglob("*.py") \
+if str(p.relative_to("src")) not in names); sys.exit(f"wheel-check: not in the wheel: {missing}" if missing else 0)
+WHEEL_DEMO_STEPS ?= 30
+wheel-check: $(STAMP)
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; start=$$(date +%s); \
+	mkdir "$$tmp/project"; tar -c --exclude=__pycache__ --exclude='*.egg-info' pyproject.toml README.md src \
+		$$(ls LICENSE* 2>/dev/null) | tar -x -C "$$tmp/project"; \
+	$(PY) -m build --wheel --outdir "$$tmp/dist" "$$tmp/project" > "$$tmp/build.log" 2>&1 \
+		|| { cat "$$tmp/build.log"; exit 1; }; \
+	$(PY) -c "$$WHEEL_HAS_ALL_MODULES" "$$tmp"/dist/attnkit-*.whl; \
+	built=$$(date +%s); $(WHEEL_PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/pip" install --quiet --no-compile torch==2.13.0 > "$$tmp/pip.log" 2>&1 || { cat "$$tmp/pip.log"; exit 1; }; \
+	"$$tmp/venv/bin/pip" install --quiet --no-compile "$$tmp"/dist/attnkit-*.whl >> "$$tmp/pip.log" 2>&1 || { cat "$$tmp/pip.log"; exit 1; }; \
+	installed=$$(date +%s); cd "$$tmp"; \
+	./venv/bin/attnkit --version; \
+	rc=0; ./venv/bin/attnkit demo --run-dir "$$tmp/run" --steps $(WHEEL_DEMO_STEPS) --minutes 0.5 > demo.log 2>&1 || rc=$$?; \
+	tail -n 4 demo.log; \
+	if [ $$rc -gt 1 ] || ! grep -q "demo finished" demo.log || [ ! -s "$$tmp/run/attention.png" ]; then \
+		cat demo.log; echo "wheel-check: the installed wheel's demo failed (exit $$rc)"; exit 1; fi; \
+	end=$$(date +%s); echo "wheel-check: ok in $$((end - start)) s: build $$((built - start)) s, venv and install \
+	$$((installed - built)) s, run $$((end - installed)) s (demo exit $$rc: 1 is only its accuracy bar, unmet after \
+	$(WHEEL_DEMO_STEPS) steps)"
+
+threads-demo: $(STAMP)
+	$(PY) bench/threads_demo.py
 
 clean:
 	rm -rf runs/demo

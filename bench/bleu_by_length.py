@@ -23,11 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+from attnkit.checkpoint import load_checkpoint
 from attnkit.data import Parallel, load_split
 from attnkit.decode import translate
 from attnkit.evaluate import bleu, bleu_by_length, chrf
 from attnkit.evaluate.results import write_results
-from attnkit.train import load_checkpoint
 from attnkit.viz import plot_bleu_by_length
 from attnkit.viz.curves import bucket_label
 
@@ -82,8 +82,9 @@ def main() -> int:
             print(f"    source words {bucket_label(row):<6} n={row['n']:<5} BLEU {row['bleu']:.2f}", file=sys.stderr)
 
     test_name = "multi30k test_2016_flickr" if args.data == "multi30k" else "tatoeba test + test_long"
-    png = plot_bleu_by_length({k: v["by_length"] for k, v in systems.items()}, out.with_suffix(".png"),
-                              title=f"BLEU by source length, {test_name} (beam {args.beam})")
+    png = out.with_suffix(".png")
+    plot_bleu_by_length({k: v["by_length"] for k, v in systems.items()}, png,
+                        title=f"BLEU by source length, {test_name} (beam {args.beam})")
     write_results(out, f"bleu_by_length_{args.data}", "python " + shlex.join(sys.argv),
                   metrics={"test_set": test_name, "sentences": len(pairs.src), "signature": b.signature,
                            "bleu": {k: v["bleu"] for k, v in systems.items()}},

@@ -1,5 +1,5 @@
 """What ``attnkit translate --compile`` buys at batch 1: greedy decoding of the first N test_2016_flickr
-sentences one at a time, eager against ``attnkit.decode.compile_step`` (encoder and decoding step under
+sentences one at a time, eager against ``attnkit.fast.compile_step`` (encoder and decoding step under
 ``torch.compile``) with Inductor's C++ wrapper, and with the default (Python) wrapper, and with the search steps
 compiled ahead of time (AOTInductor; the encoder under torch.compile), which ``--compile`` uses. Outputs are
 compared with eager's.
@@ -17,12 +17,14 @@ import time
 
 import torch
 
+from attnkit import fast
+from attnkit.checkpoint import load_checkpoint
 from attnkit.data import load_split
-from attnkit.decode import compile_step, generate, max_lengths
+from attnkit.decode import generate, max_lengths
 from attnkit.evaluate.results import write_results
-from attnkit.memory import keep_freed_memory
+from attnkit.fast import compile_step
+from attnkit.fast.memory import keep_freed_memory
 from attnkit.models import EOS
-from attnkit.train import load_checkpoint
 
 
 def main() -> int:
@@ -48,10 +50,8 @@ def main() -> int:
     variants = {"eager": None, "compiled_python_wrapper": {"cpp_wrapper": False},
                 "compiled_cpp_wrapper": {"cpp_wrapper": True}, "ahead_of_time": {"ahead_of_time": True}}
     for name, options in variants.items():
-        m = model if options is None else copy.deepcopy(model)
         start = time.perf_counter()
-        if options is not None:
-            compile_step(m, **options)
+        m = fast.decoder(copy.deepcopy(model)) if options is None else compile_step(model, **options)
         with torch.no_grad():
             decode(m, sources[:3])  # compiles on first use
             warm = time.perf_counter() - start

@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from attnkit.checkpoint import load_checkpoint
 from attnkit.data import read_flickr8k, words
 from attnkit.decode import caption
 from attnkit.evaluate import caption_bleu
 from attnkit.evaluate.results import write_results
-from attnkit.train import load_checkpoint
 from attnkit.train.tasks import load_grids
 
 

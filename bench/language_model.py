@@ -10,7 +10,7 @@ token its context. A smaller stride gives more context and costs block/stride ti
 
     python bench/language_model.py --run-dir runs/tinyshakespeare_char --train-command "..."
 
-Targets (issue 5): Tiny Shakespeare validation loss <= 1.60 within 30 training minutes;
+Targets: Tiny Shakespeare validation loss <= 1.60 within 30 training minutes;
 WikiText-2 validation perplexity <= 130 within 60.
 """
 
@@ -21,10 +21,11 @@ import json
 import sys
 from pathlib import Path
 
+from attnkit.checkpoint import load_checkpoint
 from attnkit.config import load_config
 from attnkit.evaluate import language_model_scores, sliding_window_scores
 from attnkit.evaluate.results import write_results
-from attnkit.train import load_checkpoint, read_metrics
+from attnkit.train import read_metrics
 from attnkit.train.tasks import LanguageModelTask
 
 TARGETS = {"tinyshakespeare": ("valid_loss", 1.60, 30), "wikitext2": ("valid_ppl", 130.0, 60)}

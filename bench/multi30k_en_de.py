@@ -15,12 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from attnkit.checkpoint import load_checkpoint
 from attnkit.config import load_config
 from attnkit.data import load_split
 from attnkit.decode import translate
 from attnkit.evaluate import bleu, bleu_by_length, chrf
 from attnkit.evaluate.results import write_results
-from attnkit.train import load_checkpoint, read_metrics
+from attnkit.train import read_metrics
 
 
 def score(path, pairs, beam, len_penalty):

@@ -7,7 +7,7 @@ and fused Adam step, in training mode with the config's dropout. Each computes t
 attnkit as ``attnkit train`` does (``model(src, tgt_in, targets=...)``: logits made only at non-pad targets,
 the output projection fused with the loss, which also yields the NLL it logs), Hugging Face with what a
 plain PyTorch loop writes, ``F.cross_entropy(label_smoothing=...)``. Both run in this one
-process with freed memory kept for reuse (``attnkit.memory``), as ``attnkit train`` runs.
+process with freed memory kept for reuse (``attnkit.fast.memory``), as ``attnkit train`` runs.
 Throughput counts non-pad target tokens per second of training steps. The machine's fp32 matmul peak
 is measured here with large square matmuls; each system's fraction of it is its model FLOPs per second
 (three times the forward FLOPs, counted by ``torch.utils.flop_counter`` on attnkit's model: the same
@@ -16,7 +16,7 @@ architecture needs the same FLOPs, however an implementation spends them) over t
     python bench/train_throughput.py            # 60 timed steps each -> bench/results/train_throughput.json
     python bench/train_throughput.py --quick    # 4 steps on 2000 pairs -> train_throughput_quick.json
 
-Targets (issue 6): >= 1.2x Hugging Face's tokens/s, and >= 60% of the matmul peak.
+Targets: >= 1.2x Hugging Face's tokens/s, and >= 60% of the matmul peak.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnkit import fast
 from attnkit.config import load_config
 from attnkit.data import build_tokenizers, collate, encode_pairs, load_split, token_batches
 from attnkit.evaluate.results import matmul_peak, write_results
 from attnkit.export.huggingface import copy_to_marian, marian_config
-from attnkit.memory import keep_freed_memory
+from attnkit.fast.memory import keep_freed_memory
 from attnkit.models import PAD, build_model
 
 
@@ -147,7 +148,7 @@ def main() -> int:
 
     peak = matmul_peak(args.threads, 1024 if args.quick else 2048)
     torch.manual_seed(cfg.train.seed)
-    ours = build_model(cfg.model, toks.src.vocab_size, toks.tgt.vocab_size)
+    ours = fast.use(build_model(cfg.model, toks.src.vocab_size, toks.tgt.vocab_size), *fast.TRAINING)
     model_flops = 3 * forward_flops(ours, batches[args.warmup:])  # forward + backward (twice the forward)
     from transformers import MarianMTModel
 
@@ -157,7 +158,7 @@ def main() -> int:
     eps = cfg.train.label_smoothing
 
     def attnkit_loss(b):
-        return ours(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=eps)[0]  # as TranslationTask.loss
+        return ours(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=eps).loss  # as the Trainer computes it
 
     def huggingface_loss(b):
         logits = hf(input_ids=b.src, attention_mask=b.src.ne(PAD), decoder_input_ids=b.tgt_in).logits

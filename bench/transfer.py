@@ -1,4 +1,4 @@
-"""Transfer learning at laptop scale (issue 5): pretrain on WikiText-2, fine-tune on Tiny Shakespeare, against
+"""Transfer learning at laptop scale: pretrain on WikiText-2, fine-tune on Tiny Shakespeare, against
 training on Tiny Shakespeare from scratch with the same fine-tuning compute (the same steps and batches).
 
 Both corpora are cut into one SentencePiece vocabulary trained on both training texts, so the pretrained
@@ -50,10 +50,11 @@ def report(args) -> int:
     pre = valid_curve(runs / "pretrain")
     for name, rows in curves.items():
         print(f"{name:>8}: final valid loss {rows[-1]['valid_loss']:.4f} at step {rows[-1]['step']}")
-    figure = plot_curves({"fine-tuned from WikiText-2": [(r["step"], r["valid_loss"]) for r in curves["finetune"]],
+    plot_curves({"fine-tuned from WikiText-2": [(r["step"], r["valid_loss"]) for r in curves["finetune"]],
                           "from scratch": [(r["step"], r["valid_loss"]) for r in curves["scratch"]]},
-                         args.figure, "fine-tuning step", "validation loss (nats per subword)",
-                         "Tiny Shakespeare: pretrained on WikiText-2 vs from scratch")
+                args.figure, "fine-tuning step", "validation loss (nats per subword)",
+                "Tiny Shakespeare: pretrained on WikiText-2 vs from scratch")
+    figure = args.figure
     final = {name: rows[-1]["valid_loss"] for name, rows in curves.items()}
     best = {name: min(r["valid_loss"] for r in rows) for name, rows in curves.items()}
     write_results(args.out, "transfer", args.commands,

@@ -14,7 +14,7 @@ CTranslate2 fp32 greedy outputs equal attnkit's; BLEU of every run shows what in
     python bench/translate_throughput.py            # all 1000 sentences -> bench/results/translate_throughput.json
     python bench/translate_throughput.py --quick    # 16 sentences -> translate_throughput_quick.json
 
-Targets (issue 6): at batch 64 at least as fast as CTranslate2 fp32; at batch 1 >= 3x Hugging Face.
+Targets: at batch 64 at least as fast as CTranslate2 fp32; at batch 1 >= 3x Hugging Face.
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ from pathlib import Path
 
 import torch
 
+from attnkit import fast
+from attnkit.checkpoint import load_checkpoint
 from attnkit.data import load_split, pad
-from attnkit.decode import compile_step, generate, max_lengths
+from attnkit.decode import generate, max_lengths
 from attnkit.evaluate import bleu
 from attnkit.evaluate.results import write_results
-from attnkit.memory import keep_freed_memory
+from attnkit.fast import compile_step
+from attnkit.fast.memory import keep_freed_memory
 from attnkit.models import EOS, PAD
-from attnkit.train import load_checkpoint
 
 
 def attnkit_decoder(model):
@@ -128,13 +130,13 @@ def main() -> int:
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
         # attnkit compiled, on copies of the model, as ``attnkit translate --compile`` does: the search steps ahead
         # of time (AOTInductor), the encoder by torch.compile, frozen unless one sentence is decoded greedily
-        one_row = attnkit_decoder(compile_step(copy.deepcopy(model), ahead_of_time=True))
-        frozen = attnkit_decoder(compile_step(copy.deepcopy(model), freeze=True, ahead_of_time=True))
+        one_row = attnkit_decoder(compile_step(model, ahead_of_time=True))
+        frozen = attnkit_decoder(compile_step(model, freeze=True, ahead_of_time=True))
 
         def compiled(src, lens, beam, len_penalty):
             return (one_row if beam == 1 and src.size(0) == 1 else frozen)(src, lens, beam, len_penalty)
 
-        decoders = {"attnkit": attnkit_decoder(model),
+        decoders = {"attnkit": attnkit_decoder(fast.decoder(copy.deepcopy(model))),  # as `attnkit translate` runs
                     "attnkit_compiled": compiled,
                     "huggingface": hf_decoder(hf),
                     "ctranslate2_fp32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),

@@ -13,20 +13,22 @@ import torch
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from attnkit.config import ExperimentConfig, ModelConfig
+from attnkit.config import ExperimentConfig, TransformerConfig
 from attnkit.data import generate_dates, resolve_data_dir
 from attnkit.errors import AttnkitError
 from attnkit.models import PAD, Transformer
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: trains a model end to end (about a minute); deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "slow: trains or compiles for a minute or more; `make test-fast` skips it")
+    config.addinivalue_line("markers", "internals: pins torch internals (strides, kernels, op counts) or wall-clock "
+                                       "time; `make test` runs it, `make test-fast` skips it")
 
 
-def tiny_model_config(**overrides) -> ModelConfig:
+def tiny_model_config(**overrides) -> TransformerConfig:
     base = {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 2, "n_decoder_layers": 2, "dropout": 0.0,
             "attention_dropout": 0.0, "activation_dropout": 0.0, "max_positions": 128, "share_embeddings": True}
-    return ModelConfig(**{**base, **overrides})
+    return TransformerConfig(**{**base, **overrides})
 
 
 def make_model(vocab: int = 23, seed: int = 0, **overrides) -> Transformer:
@@ -90,7 +92,7 @@ def toy_trained_model(vocab: int = 23, steps: int = 60, seed: int = 0) -> Transf
     """A tiny Transformer trained briefly to reverse and relabel its source: its outputs depend on the input
     and end with EOS at varied lengths (a random one only repeats its input token), yet it is far from sure."""
     from attnkit.data import collate
-    from attnkit.train import label_smoothed_nll
+    from attnkit.nn import label_smoothed_nll
 
     model = make_model(vocab, seed)
     model.train()
@@ -104,7 +106,7 @@ def toy_trained_model(vocab: int = 23, steps: int = 60, seed: int = 0) -> Transf
             src.append(s)
             tgt.append([(t * 3) % (vocab - 4) + 4 for t in reversed(s)])
         b = collate(src, tgt, list(range(16)))
-        loss, _ = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, 0.0)
+        loss, _ = label_smoothed_nll(model(b.src, b.tgt_in).logits, b.tgt_out, 0.0)
         opt.zero_grad()
         (loss / b.n_tokens).backward()
         opt.step()

@@ -9,9 +9,10 @@ from functools import partial
 import pytest
 import torch
 
-from attnkit.decode import beam_search, compile_step, greedy, max_lengths
-from attnkit.decode.aot import AheadOfTimeStep
+from attnkit.decode import beam_search, greedy, max_lengths
 from attnkit.decode.search import beam_step, greedy_step
+from attnkit.fast import FastDecoder, compile_step
+from attnkit.fast.aot import AheadOfTimeStep
 from attnkit.models import PAD
 from conftest import make_model, random_src, toy_trained_model
 
@@ -48,24 +49,27 @@ class Counting:
 
 
 def _ahead_of_time(model):
-    """``model`` (a copy) with ahead-of-time search steps whose fallbacks count their calls."""
-    model = copy.deepcopy(model)
-    fallbacks = {f.__name__: Counting(model, f) for f in (greedy_step, beam_step)}
-    model.compiled_search_steps = {name: AheadOfTimeStep(model, model.step, f, fallbacks[f.__name__])
-                                   for name, f in (("greedy_step", greedy_step), ("beam_step", beam_step))}
-    return model, fallbacks
+    """A fast decoder of ``model`` (a copy; its grouped state is what a graph takes) with ahead-of-time search steps
+    whose fallbacks count their calls."""
+    decoder = FastDecoder(copy.deepcopy(model))
+    fallbacks = {f.__name__: Counting(decoder, f) for f in (greedy_step, beam_step)}
+    steps = {f.__name__: AheadOfTimeStep(decoder, decoder.step, f, fallbacks[f.__name__])
+             for f in (greedy_step, beam_step)}
+    decoder.search_steps = lambda: steps  # what greedy and beam search run in place of the plain steps
+    return decoder, fallbacks
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
     """``attnkit translate --compile``'s model. Greedy and beam search of one sentence make the graphs (the first
     step's, and the later steps' at cache length 2), which then serve a batch whose sentences end at different
     steps (rows leave, the caches carry a pending reordering), never falling back, with eager decoding's outputs
     and scores. (Traced with one sentence as it came, a graph once computed wrong rows for several.)"""
-    fast = compile_step(copy.deepcopy(model), freeze=True, ahead_of_time=True)
+    fast = compile_step(model, freeze=True, ahead_of_time=True)
     src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
     for beam, search_step in ((1, greedy_step), (3, beam_step)):
-        aot = fast.compiled_search_steps[search_step.__name__]
+        aot = fast.search_steps()[search_step.__name__]
         assert isinstance(aot, AheadOfTimeStep)
         aot.fallback = Counting(fast, search_step)
         one = src[:1]
@@ -76,6 +80,7 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
         assert len(aot.packages) == 2 and aot.fallback.calls == 0
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_steps_a_graph_does_not_cover_run_the_fallback():
     """A cache longer than the positional table the graph was traced with (sinusoidal, 8 positions: eagerly the

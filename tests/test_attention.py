@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
+import attnkit.fast
+from attnkit.fast.attention import single_query_attention
+from attnkit.fast.decoding import ReorderedKVCache
 from attnkit.models import PAD
 from attnkit.nn import (
     AdditiveScore,
@@ -21,6 +25,7 @@ from attnkit.nn import (
     dot_score,
     make_score,
     masked_softmax,
+    reference_attention,
     scaled_dot_score,
     sinusoidal_table,
 )
@@ -51,7 +56,16 @@ def _padding(lengths: list[int], total: int) -> torch.Tensor:
 
 
 def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max())
+    return float((a - b).detach().abs().max())
+
+
+def _fast(module: torch.nn.Module, *tricks: str) -> torch.nn.Module:
+    """A copy of ``module`` with the fast runtime's ``tricks`` installed (the module itself keeps the core's)."""
+    return attnkit.fast.use(copy.deepcopy(module), *tricks)
+
+
+# the core's attention, and the fast runtime's kernels that replace it (each must compute the same)
+KERNELS = {"core": (), "fused": ("fused_attention",), "fused+decoding": ("fused_attention", "decoding_attention")}
 
 
 # --- against torch.nn.MultiheadAttention
@@ -113,8 +127,8 @@ def test_cross_attention_matches_torch(need_weights):
         out, w, _ = ours(queries, memory, key_padding_mask=kpm, need_weights=need_weights)
         ref_out, ref_w = ref(queries, memory, memory, key_padding_mask=kpm, need_weights=True,
                              average_attn_weights=False)
-        # the decoder's path: memory projected once, handed over as static keys/values
-        out_static, _, _ = ours(queries, static_kv=ours.project_memory(memory), key_padding_mask=kpm)
+        # the decoder's path: memory projected once, handed over as its keys/values
+        out_static, _, _ = ours(queries, memory_kv=ours.project_memory(memory), key_padding_mask=kpm)
     assert out.shape == (3, 4, D)
     assert _maxdiff(out, ref_out) <= 1e-5
     assert _maxdiff(out_static, ref_out) <= 1e-5
@@ -123,58 +137,89 @@ def test_cross_attention_matches_torch(need_weights):
         assert _maxdiff(w, ref_w) <= 1e-5
 
 
-# --- the fused fast path against the explicit one
+# --- the fast runtime's kernels against the core's
 
 
+@pytest.mark.parametrize("training", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
-def test_sdpa_fast_path_equals_explicit_path(causal, padded):
+def test_fused_attention_equals_core(causal, padded, training):
+    """``fused_attention`` (PyTorch's SDPA, which never builds the weights) gives the core's outputs, with and
+    without autograd; a request for the weights still returns the core's weights."""
     ours, _ = _pair(4)
+    fused = _fast(ours, "fused_attention")
+    assert getattr(fused.kernel, "fused", False) and ours.kernel is reference_attention
+    ours.train(training)
+    fused.train(training)
     x = torch.randn(4, 8, D)
     kpm = _padding([8, 5, 3, 1], 8) if padded else None
-    with torch.no_grad():
-        fast, none, _ = ours(x, key_padding_mask=kpm, causal=causal, need_weights=False)
+    with torch.set_grad_enabled(training):
+        fast, none, _ = fused(x, key_padding_mask=kpm, causal=causal, need_weights=False)
+        core, _, _ = ours(x, key_padding_mask=kpm, causal=causal, need_weights=False)
+        fast_w, w_fast, _ = fused(x, key_padding_mask=kpm, causal=causal, need_weights=True)
         slow, w, _ = ours(x, key_padding_mask=kpm, causal=causal, need_weights=True)
     assert none is None and w is not None
-    assert _maxdiff(fast, slow) <= 1e-5
+    assert _maxdiff(fast, slow) <= 1e-5 and _maxdiff(fast, core) <= 1e-5
+    assert torch.equal(w_fast, w) and torch.equal(fast_w, slow)
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_single_query_path_equals_explicit_path(padded):
-    """A decoding step (one query, no gradient) takes two batched matmuls instead of SDPA: same outputs."""
+def test_single_query_kernel_equals_core(padded):
+    """A decoding step (one query, no gradient) takes two batched matmuls (``decoding_attention``) instead of the
+    core's attention: same outputs."""
     ours, _ = _pair(6)
+    decoding = _fast(ours, "decoding_attention")
     x, memory = torch.randn(4, 1, D), torch.randn(4, 7, D)
     kpm = _padding([7, 5, 2, 1], 7) if padded else None
     with torch.no_grad():
-        static = ours.project_memory(memory)
-        fast, none, _ = ours(x, key_padding_mask=kpm, static_kv=static)
+        kv = ours.project_memory(memory)
+        fast, none, _ = decoding(x, key_padding_mask=kpm, memory_kv=kv)
         slow, w, _ = ours(x, memory, key_padding_mask=kpm, need_weights=True)
+        core, _, _ = ours(x, key_padding_mask=kpm, memory_kv=kv)
+        direct = single_query_attention(ours.project_queries(x), kv.keys, kv.values, kpm)
     assert none is None and w is not None
-    assert _maxdiff(fast, slow) <= 1e-5
+    assert _maxdiff(fast, slow) <= 1e-5 and _maxdiff(fast, core) <= 1e-5
+    assert _maxdiff(ours.out_proj(direct.transpose(1, 2).reshape(4, 1, D)), core) <= 1e-5
     if padded:  # pads change nothing: the third row attends over its 2 real keys only
         with torch.no_grad():
             alone, _, _ = ours(x[2:3], memory[2:3, :2])
         assert _maxdiff(fast[2:3], alone) <= 1e-5
 
 
+def test_single_query_attention_equals_reference_attention():
+    """Several queries per row (a sentence's beams in cross-attention), pads and an all-padding row (zero
+    output, as the core gives it): :func:`single_query_attention` computes the core's attention."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(4, H, 3, 8), torch.randn(4, H, 7, 8), torch.randn(4, H, 7, 8)
+    kpm = _padding([7, 5, 2, 0], 7)
+    for mask in (None, kpm):
+        core, _ = reference_attention(q, k, v, key_padding_mask=mask)
+        assert _maxdiff(single_query_attention(q, k, v, mask), core) <= 1e-5
+    assert torch.equal(single_query_attention(q, k, v, kpm)[3], torch.zeros(H, 3, 8))
+    assert torch.equal(core[3], torch.zeros(H, 3, 8))
+
+
+@pytest.mark.slow
 def test_compiled_single_query_attention_equals_eager():
     """Compiled, a decoding step's attention is written as products and sums for Inductor to fuse: it must give
-    what the batched matmuls give, pads and an all-padding row (the average of its values) included. Three
-    queries per row, as a sentence's beams in cross-attention; one query is the compiled-decoding tests' case."""
-    from attnkit.nn.attention import single_query_attention
-
+    what the batched matmuls and the core's attention give, pads and an all-padding row (zero output) included.
+    Three queries per row, as a sentence's beams in cross-attention; one query is the compiled-decoding tests'
+    case."""
     torch.manual_seed(0)
     q, k, v = torch.randn(4, H, 3, 8), torch.randn(4, H, 7, 8), torch.randn(4, H, 7, 8)
     kpm = _padding([7, 5, 2, 0], 7)
     compiled = torch.compile(single_query_attention, fullgraph=True, dynamic=True)
     for mask in (None, kpm):
         eager = single_query_attention(q, k, v, mask)
-        assert _maxdiff(compiled(q, k, v, mask), eager) <= 1e-5
-    assert _maxdiff(eager[3], v[3].mean(1, keepdim=True).expand_as(eager[3])) <= 1e-5
+        core, _ = reference_attention(q, k, v, key_padding_mask=mask)
+        out = compiled(q, k, v, mask)
+        assert _maxdiff(out, eager) <= 1e-5 and _maxdiff(out, core) <= 1e-5
+    assert torch.equal(out[3], torch.zeros(H, 3, 8))
 
 
-def test_incremental_self_attention_with_cache_equals_causal():
-    ours, _ = _pair(5)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_incremental_self_attention_with_cache_equals_causal(kernel):
+    ours = _fast(_pair(5)[0], *KERNELS[kernel])
     x = torch.randn(2, 6, D)
     with torch.no_grad():
         full, _, _ = ours(x, causal=True)
@@ -188,8 +233,9 @@ def test_incremental_self_attention_with_cache_equals_causal():
 
 
 def test_deferred_cache_reorder_equals_gathering_at_once():
-    """``KVCache.reorder`` (applied by the next step as it appends) ends where gathering at once would: reorders
-    compose, rows may repeat or drop, and a cached step then attends to the same keys and values."""
+    """The fast decoder's ``ReorderedKVCache.reorder`` (applied by the next step as it appends) ends where the
+    core's ``KVCache.select`` (gathering at once) would: reorders compose, rows may repeat or drop, and a cached
+    step then attends to the same keys and values."""
     ours, _ = _pair(7)
     x = torch.randn(3, 4, D)
     with torch.no_grad():
@@ -197,12 +243,14 @@ def test_deferred_cache_reorder_equals_gathering_at_once():
         for t in range(3):
             _, _, cache = ours(x[:, t:t + 1], causal=True, cache=cache)
         first, second = torch.tensor([2, 0, 0, 1]), torch.tensor([3, 1, 0])
-        deferred = cache.reorder(first).reorder(second)
+        deferred = ReorderedKVCache(cache.keys, cache.values).reorder(first).reorder(second)
         assert deferred.keys is cache.keys and deferred.rows == 3  # nothing gathered yet
         at_once = cache.select(first).select(second)
+        assert all(torch.equal(a, b) for a, b in zip(deferred.resolved(), (at_once.keys, at_once.values)))
         new = x[torch.tensor([1, 2, 2]), 3:4]
         out_deferred, _, grown = ours(new, causal=True, cache=deferred)
         out_at_once, _, grown_at_once = ours(new, causal=True, cache=at_once)
+    assert isinstance(grown, ReorderedKVCache) and isinstance(grown_at_once, KVCache)
     assert grown.order is None and torch.equal(grown.keys, grown_at_once.keys)
     assert torch.equal(grown.values, grown_at_once.values) and torch.equal(out_deferred, out_at_once)
     assert torch.equal(at_once.keys, cache.keys[first][second])
@@ -211,8 +259,9 @@ def test_deferred_cache_reorder_equals_gathering_at_once():
 # --- invariances
 
 
-def test_self_attention_is_permutation_equivariant():
-    ours, _ = _pair(6)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_self_attention_is_permutation_equivariant(kernel):
+    ours = _fast(_pair(6)[0], *KERNELS[kernel])
     x = torch.randn(2, 7, D)
     perm = torch.randperm(7, generator=torch.Generator().manual_seed(0))
     assert not torch.equal(perm, torch.arange(7))
@@ -222,9 +271,10 @@ def test_self_attention_is_permutation_equivariant():
     assert _maxdiff(out_perm, out[:, perm]) <= 1e-5
 
 
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_causal_future_never_changes_past(need_weights):
-    ours, _ = _pair(7)
+def test_causal_future_never_changes_past(need_weights, kernel):
+    ours = _fast(_pair(7)[0], *KERNELS[kernel])
     x = torch.randn(2, 8, D)
     with torch.no_grad():
         out, _, _ = ours(x, causal=True, need_weights=need_weights)
@@ -236,57 +286,68 @@ def test_causal_future_never_changes_past(need_weights):
             assert _maxdiff(out2[:, t + 1:], out[:, t + 1:]) > 1e-3  # the future does change
 
 
-def test_transformer_decoder_is_causal():
-    model = make_model(vocab=23, seed=1)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_transformer_decoder_is_causal(kernel):
+    model = attnkit.fast.use(make_model(vocab=23, seed=1), *KERNELS[kernel])
     src = random_src([6, 4], seed=1)
     tgt = random_src([7, 7], seed=2)
     with torch.no_grad():
         memory = model.encode(src)
-        logits, _ = model.decode_all(tgt, memory)
+        logits = model.output(model.decode_all(tgt, memory)[0])
         for t in range(tgt.size(1) - 1):
             changed = tgt.clone()
             changed[:, t + 1:] = torch.randint(4, 23, changed[:, t + 1:].shape)
-            logits2, _ = model.decode_all(changed, memory)
+            logits2 = model.output(model.decode_all(changed, memory)[0])
             assert _maxdiff(logits2[:, : t + 1], logits[:, : t + 1]) <= 1e-5
 
 
-def test_padding_never_changes_real_positions():
-    model = make_model(vocab=23, seed=2)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_padding_never_changes_real_positions(kernel):
+    model = attnkit.fast.use(make_model(vocab=23, seed=2), *KERNELS[kernel])
     lengths = [7, 5, 2]
     src = random_src(lengths, seed=3)
     tgt = random_src([4, 4, 4], seed=4)
     with torch.no_grad():
         memory = model.encode(src)
-        batch_logits = model(src, tgt)
+        batch_logits = model(src, tgt).logits
         for i, n in enumerate(lengths):
             alone = model.encode(src[i:i + 1, :n])
             assert _maxdiff(memory.states[i, :n], alone.states[0]) <= 1e-5
-            assert _maxdiff(batch_logits[i], model(src[i:i + 1, :n], tgt[i:i + 1])[0]) <= 1e-5
+            assert _maxdiff(batch_logits[i], model(src[i:i + 1, :n], tgt[i:i + 1]).logits[0]) <= 1e-5
     assert memory.padding_mask.tolist() == _padding(lengths, 7).tolist()
 
 
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_fully_padded_row_gives_no_nan(need_weights):
-    ours, _ = _pair(8)
+def test_fully_padded_row_gives_no_nan(need_weights, kernel):
+    """A query with no key to see (its sequence all padding) gets zero weights and a zero output from the heads
+    (so the layer's output is the output projection's bias), never NaN, in every kernel."""
+    ours = _fast(_pair(8)[0], *KERNELS[kernel])
     x = torch.randn(2, 5, D)
     memory = torch.randn(2, 4, D)
     kpm = _padding([5, 0], 5)
     mem_kpm = _padding([4, 0], 4)
     with torch.no_grad():
-        self_out, _, _ = ours(x, key_padding_mask=kpm, need_weights=need_weights)
-        causal_out, _, _ = ours(x, key_padding_mask=kpm, causal=True, need_weights=need_weights)
-        cross_out, _, _ = ours(x, memory, key_padding_mask=mem_kpm, need_weights=need_weights)
+        self_out, self_w, _ = ours(x, key_padding_mask=kpm, need_weights=need_weights)
+        causal_out, causal_w, _ = ours(x, key_padding_mask=kpm, causal=True, need_weights=need_weights)
+        cross_out, cross_w, _ = ours(x, memory, key_padding_mask=mem_kpm, need_weights=need_weights)
+        step_out, _, _ = ours(x[:, :1], memory_kv=ours.project_memory(memory), key_padding_mask=mem_kpm)
         single, _, _ = ours(x[:1], key_padding_mask=kpm[:1], need_weights=need_weights)
-    for out in (self_out, causal_out, cross_out):
+    bias = ours.out_proj.bias
+    for out in (self_out, causal_out, cross_out, step_out):
         assert torch.isfinite(out).all()
-        # the real row is unaffected by its all-padding neighbour
+        assert torch.equal(out[1], bias.expand_as(out[1]))
+    if need_weights:
+        for w in (self_w, causal_w, cross_w):
+            assert torch.equal(w[1], torch.zeros_like(w[1]))
+    # the real row is unaffected by its all-padding neighbour
     assert _maxdiff(self_out[:1], single) <= 1e-5
 
-    model = make_model(vocab=23, seed=3)
+    model = attnkit.fast.use(make_model(vocab=23, seed=3), *KERNELS[kernel])
     src = random_src([5, 1], seed=5)
     src[1] = PAD
     with torch.no_grad():
-        assert torch.isfinite(model(src, random_src([3, 3], seed=6))).all()
+        assert torch.isfinite(model(src, random_src([3, 3], seed=6)).logits).all()
 
 
 # --- attend() and the similarity functions

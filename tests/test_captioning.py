@@ -8,19 +8,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.config import ExperimentConfig, ModelConfig
+from attnkit.config import ExperimentConfig, ShowAttendTellConfig, TransformerCaptionerConfig
 from attnkit.decode import beam_search, greedy, max_lengths
 from attnkit.evaluate import caption_bleu
-from attnkit.models import BOS, build_model
+from attnkit.models import BOS, PAD, build_model
+from attnkit.nn.loss import label_smoothed_nll
 
 VOCAB, CELLS, FEAT = 30, 49, 16
 
 
-def _model(family: str, seed: int = 0):
+def _config(family: str, **overrides):
+    if family == "show_attend_tell":
+        return ShowAttendTellConfig(**({"hidden_size": 32, "attention_size": 32, "d_feature": FEAT, "dropout": 0.0}
+                                       | overrides))
+    assert family == "transformer_captioner", family
+    return TransformerCaptionerConfig(**({"d_model": 32, "d_ff": 32, "d_feature": FEAT, "n_heads": 4,
+                                          "n_encoder_layers": 1, "n_decoder_layers": 2, "dropout": 0.0} | overrides))
+
+
+def _model(family: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    cfg = ModelConfig(family=family, d_model=32, d_ff=32, d_feature=FEAT, n_heads=4, n_encoder_layers=1,
-                      n_decoder_layers=2, dropout=0.0, share_embeddings=False)
-    return build_model(cfg, CELLS, VOCAB).eval()
+    return build_model(_config(family, **overrides), CELLS, VOCAB).eval()
 
 
 @pytest.fixture
@@ -33,15 +41,66 @@ def grids():
 def test_cached_steps_equal_teacher_forcing_and_attention_sums_to_one(family, grids):
     model = _model(family)
     tgt_in = torch.cat([torch.full((3, 1), BOS), torch.randint(4, VOCAB, (3, 6))], 1)
-    logits, alphas = model(grids, tgt_in)
+    out = model(grids, tgt_in, need_weights=True)
+    logits, cross = out.logits, out.attention.cross
+    assert torch.equal(model(grids, tgt_in).logits, logits)  # asking for the weights changes nothing
+    if family == "show_attend_tell":  # one layer of one head: the alphas [B, T, L]
+        assert len(cross) == 1 and cross[0].shape == (3, 1, tgt_in.size(1), CELLS)
+        alphas = cross[0][:, 0]
+        assert torch.equal(model.teacher_forced(grids, tgt_in)[1], alphas)
+    else:  # per decoder layer [B, H, T, L]; the step shows their mean over layers and heads
+        assert len(cross) == 2 and all(w.shape == (3, 4, tgt_in.size(1), CELLS) for w in cross)
+        alphas = torch.stack(cross).mean((0, 2))
     state = model.init_state(model.encode(grids))
     for t in range(tgt_in.size(1)):
         log_probs, state, attn = model.step(tgt_in[:, t], state, need_weights=True)
         assert (log_probs - F.log_softmax(logits[:, t], -1)).abs().max() <= 1e-5
         assert attn.shape == (3, CELLS)
         assert torch.allclose(attn.sum(-1), torch.ones(3), atol=1e-5)
-        if alphas is not None:  # Show-Attend-Tell's teacher-forced alphas are the same distributions
-            assert torch.allclose(alphas[:, t], attn, atol=1e-6)
+        # the teacher-forced attention is the same distributions
+        assert torch.allclose(alphas[:, t], attn, atol=1e-6 if family == "show_attend_tell" else 1e-5)
+
+
+@pytest.mark.parametrize("penalty", [0.0, 1.0, 2.5])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_show_attend_tell_loss_adds_the_doubly_stochastic_penalty_exactly(grids, penalty, eps):
+    """``model(..., targets=...).loss`` is the label-smoothed NLL of its logits plus
+    ``lambda * sum_i (1 - sum_t alpha_ti)^2`` over the real words only (Xu et al. eq. 14), with the gradient of
+    that sum; ``.nll`` is the NLL alone."""
+    model = _model("show_attend_tell", attention_penalty=penalty)
+    g = torch.Generator().manual_seed(2)
+    tgt_in = torch.cat([torch.full((3, 1), BOS), torch.randint(4, VOCAB, (3, 6), generator=g)], 1)
+    targets = torch.cat([tgt_in[:, 1:], torch.full((3, 1), 3)], 1)
+    targets[1, 4:] = PAD  # shorter captions: their padded steps count neither in the loss nor in the coverage
+    targets[2, 2:] = PAD
+    out = model(grids, tgt_in, targets=targets, label_smoothing=eps, need_weights=True)
+    logits, alphas = model.teacher_forced(grids, tgt_in)
+    smoothed, nll = label_smoothed_nll(logits, targets, eps)
+    coverage = torch.zeros(3, CELLS, dtype=torch.float64)  # by hand: sum over the real words t of alpha_ti
+    for b in range(3):
+        for t in range(targets.size(1)):
+            if targets[b, t] != PAD:
+                coverage[b] += alphas[b, t].double()
+    expected_penalty = penalty * ((1 - coverage) ** 2).sum()
+    assert (expected_penalty > 1.0) == (penalty > 0)  # a real penalty: the random alphas are far from covering
+    torch.testing.assert_close(out.loss.double(), smoothed.double() + expected_penalty, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(out.nll, nll)
+    torch.testing.assert_close(out.attention.cross[0][:, 0], alphas)
+    if penalty:
+        torch.testing.assert_close(model.attention_penalty(alphas, targets).double(), expected_penalty,
+                                   rtol=1e-6, atol=1e-6)
+    # the gradient is that of the NLL plus the penalty
+    model.zero_grad()
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    logits, alphas = model.teacher_forced(grids, tgt_in)
+    real = targets.ne(PAD)[..., None].float()
+    (label_smoothed_nll(logits, targets, eps)[0] + penalty * ((1 - (alphas * real).sum(1)) ** 2).sum()).backward()
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("family", ["show_attend_tell", "transformer_captioner"])
@@ -76,8 +135,7 @@ def test_caption_task_trains_on_a_few_real_images(tmp_path, data_dir):
     from attnkit.train import Trainer, load_checkpoint
 
     cfg = ExperimentConfig(name="sat_tiny")
-    cfg.model = ModelConfig(family="show_attend_tell", d_model=64, d_ff=64, d_feature=1280, dropout=0.0,
-                            share_embeddings=False)
+    cfg.model = ShowAttendTellConfig(hidden_size=64, attention_size=64, d_feature=1280, dropout=0.0)
     cfg.data = dataclasses.replace(cfg.data, format="flickr8k", data_dir=str(data_dir), max_train_pairs=60,
                                    max_valid_pairs=12, min_word_count=3, feature_cache=str(tmp_path / "features"))
     cfg.train = dataclasses.replace(cfg.train, max_tokens=400, lr=3e-3, schedule="constant", warmup_steps=1,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attnkit.cli import main
-from attnkit.config import ExperimentConfig, dump_toml, load_config
+from attnkit.config import ExperimentConfig, LMConfig, RNNSearchConfig, TransformerConfig, dump_toml, load_config
 from attnkit.data import BOS, EOS, PAD, collate, read_lines, read_multi30k, read_parallel, read_tatoeba, token_batches
 from attnkit.data.prepare import tatoeba_split
 from attnkit.errors import AttnkitError
@@ -137,7 +137,18 @@ def test_bad_value_type(tmp_path, capsys, line, key):
 @pytest.mark.parametrize("text,needle", [("[model]\nd_model = 30\nn_heads = 4\n", "divisible"),
                                          ("[model]\ndropout = 1.5\n", "model.dropout"),
                                          ('[data]\nformat = "csv"\n', "data.format"),
-                                         ("[model\nd_model = 3\n", "invalid TOML")])
+                                         ("[model\nd_model = 3\n", "invalid TOML"),
+                                         # one config dataclass per family: its own keys, its own checks
+                                         ('[model]\nfamily = "lstm"\n', "model.family"),
+                                         ('[model]\nfamily = "rnnsearch"\nd_model = 64\n', "'embedding_size'"),
+                                         ('[model]\nfamily = "rnnsearch"\nn_heads = 4\n', "unknown key 'n_heads'"),
+                                         ("[model]\nn_encoder_layers = 0\n", "model.n_encoder_layers"),
+                                         ('[model]\nfamily = "show_attend_tell"\n', "flickr8k"),
+                                         ('[data]\nformat = "flickr8k"\n', "'transformer'"),
+                                         ('[model]\nfamily = "transformer_lm"\n', "tinyshakespeare"),
+                                         ('[model]\npreset = "lm_tiny"\n', "model.preset"),
+                                         ('[model]\nfamily = "conv_transformer"\nconv_kernel = 4\n', "conv_kernel"),
+                                         ('[train]\nfast = ["turbo"]\n', "train.fast")])
 def test_invalid_config_values(tmp_path, capsys, text, needle):
     cfg = _write(tmp_path / "exp.toml", text)
     _assert_one_line_error(_run_cli(capsys, "train", cfg), str(cfg), needle)
@@ -150,8 +161,17 @@ def test_config_loading_and_round_trip(tmp_path):
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
     assert cfg.train.max_steps == 7 and cfg.data.format == "dates" and cfg.train.betas == (0.8, 0.9)
     again = load_config(_write(tmp_path / "dumped.toml", dump_toml(cfg)))
-    assert again == cfg
+    assert again == cfg and isinstance(cfg.model, TransformerConfig)
     assert load_config(None) == ExperimentConfig()
+    # other families: their own dataclass and presets, and the same round trip
+    lm = load_config(_write(tmp_path / "lm.toml", '[model]\nfamily = "transformer_lm"\npreset = "lm_tiny"\n'
+                                                 '[data]\nformat = "tinyshakespeare"\n'))
+    assert isinstance(lm.model, LMConfig) and lm.model.n_layers == 2 and lm.model.d_model == 128
+    assert load_config(_write(tmp_path / "lm_dumped.toml", dump_toml(lm))) == lm
+    rnn = load_config(_write(tmp_path / "rnn.toml", '[model]\nfamily = "rnnsearch"\nhidden_size = 64\n'
+                                                   'attention_score = "dot"\n[data]\nformat = "dates"\n'))
+    assert isinstance(rnn.model, RNNSearchConfig) and rnn.model.hidden_size == rnn.model.width == 64
+    assert load_config(_write(tmp_path / "rnn_dumped.toml", dump_toml(rnn))) == rnn
 
 
 # --- checkpoint errors

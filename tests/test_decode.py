@@ -9,21 +9,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import attnkit.decode.ranking as ranking
-from attnkit.decode import beam_search, compile_step, filter_logits, generate, greedy, max_lengths, sample, translate
+import attnkit.fast
+from attnkit.decode import beam_search, filter_logits, generate, greedy, max_lengths, sample, translate
 from attnkit.decode.search import Hypothesis
-from attnkit.models import BOS, EOS, PAD
+from attnkit.fast import FastDecoder, compile_step, ranking
+from attnkit.fast.compile import CompiledDecoder
+from attnkit.fast.decoding import GroupedDecoderState
+from attnkit.models import BOS, EOS, PAD, GenerativeModel
+from attnkit.nn.attention import reference_attention
 from conftest import make_model, random_src, toy_trained_model
 
 VOCAB = 23
 LENGTHS = [6, 3, 5, 1]
 
 
-class EosBiased:
-    """A model wrapper that makes EOS more likely, so hypotheses end at different lengths."""
+class EosBiased(GenerativeModel):
+    """A model wrapper that makes EOS more likely, so hypotheses end at different lengths. A model of the contract
+    (its family, capabilities and config are the wrapped model's), so that a :class:`FastDecoder` can decode it."""
 
     def __init__(self, model, bias: float):
+        super().__init__()
         self.model, self.bias = model, bias
+        self.family, self.capabilities, self.cfg = model.family, model.capabilities, model.cfg
 
     def encode(self, src):
         return self.model.encode(src)
@@ -39,7 +46,7 @@ class EosBiased:
 
     @torch.no_grad()
     def teacher_forced(self, src, tgt_in):
-        log_probs = torch.log_softmax(self.model(src, tgt_in), -1)
+        log_probs = torch.log_softmax(self.model(src, tgt_in).logits, -1)
         log_probs[..., EOS] += self.bias
         return torch.log_softmax(log_probs, -1)
 
@@ -72,13 +79,24 @@ def _unpadded(src, i):
     return src[i:i + 1, :n]
 
 
+def _ranked(m, chunk, monkeypatch):
+    """``m`` itself (chunk None: the core search's argmax and top-k), or a :class:`FastDecoder` of it that ranks with
+    the chunked kernels of ``attnkit.fast.ranking`` in chunks of ``chunk`` at any size, its steps the model's own
+    (``grouped=False``): only the ranking differs."""
+    if chunk is None:
+        return m
+    monkeypatch.setattr(ranking, "CHUNK", chunk)
+    monkeypatch.setattr(ranking, "SMALL", 0)
+    return FastDecoder(m, grouped=False)
+
+
 # --- the incremental step
 
 
 @torch.no_grad()
 def test_cached_steps_equal_full_forward(model, src):
     tgt_in = torch.cat([torch.full((src.size(0), 1), BOS), random_src([7] * src.size(0), VOCAB, seed=8)], 1)
-    full = F.log_softmax(model(src, tgt_in), -1)
+    full = F.log_softmax(model(src, tgt_in).logits, -1)
     state = _init(model, src)
     for t in range(tgt_in.size(1)):
         log_probs, state, attn = model.step(tgt_in[:, t], state, need_weights=True)
@@ -97,7 +115,7 @@ def test_cached_steps_equal_full_forward_variants(src, variant):
     """Pre-LN, learned positions and untied embeddings keep the cache exact too."""
     m = make_model(VOCAB, **variant).eval()
     tgt_in = torch.cat([torch.full((src.size(0), 1), BOS), random_src([5] * src.size(0), VOCAB, seed=9)], 1)
-    full = F.log_softmax(m(src, tgt_in), -1)
+    full = F.log_softmax(m(src, tgt_in).logits, -1)
     state = _init(m, src)
     for t in range(tgt_in.size(1)):
         log_probs, state, _ = m.step(tgt_in[:, t], state)
@@ -128,26 +146,30 @@ def test_select_same_source_keeps_source_side(model, src):
     g = torch.Generator().manual_seed(0)
     order = (torch.randint(0, k, (src.size(0), k), generator=g) + torch.arange(src.size(0))[:, None] * k).view(-1)
     kept = state.select(order, same_source=True)
-    assert kept.memory is state.memory and kept.static_kv is state.static_kv
+    assert kept.memory is state.memory and kept.memory_kv is state.memory_kv
     a, _, _ = model.step(tokens, kept)
     b, _, _ = model.step(tokens, state.select(order))
     assert torch.equal(a, b)
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("tricks", [(), ("fused_attention", "decoding_attention")])
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_repeat_beams_keeps_one_source_row_per_sentence(model, src, need_weights):
-    """Beams grouped by source (memory and cross-attention keys/values once per sentence) step as the same beams
-    made by repeating every row: through reorders within sentences and a sentence leaving the batch."""
+def test_grouped_beams_step_as_repeated_rows(model, src, need_weights, tricks):
+    """The fast decoder's beams grouped by source (memory and cross-attention keys/values once per sentence, cache
+    reorderings left to the next step) step as the core's beams made by repeating every row: through reorders
+    within sentences and a sentence leaving the batch; with the core's attention kernels or the fast ones."""
     k, n = 3, src.size(0)
-    grouped = _init(model, src).repeat_beams(k)
-    repeated = _init(model, src).select(torch.arange(n).repeat_interleave(k))
-    assert grouped.static_kv[0].keys.size(0) == n and repeated.static_kv[0].keys.size(0) == n * k
+    fast = FastDecoder(attnkit.fast.use(copy.deepcopy(model), *tricks))
+    grouped = _init(fast, src).repeat_beams(k)
+    repeated = _init(model, src).repeat_beams(k)
+    assert isinstance(grouped, GroupedDecoderState) and grouped.beams == k and grouped.rows == n * k
+    assert grouped.memory_kv[0].keys.size(0) == n and repeated.memory_kv[0].keys.size(0) == n * k
     g = torch.Generator().manual_seed(1)
     live = n
     for t in range(4):
         tokens = torch.randint(4, VOCAB, (live * k,), generator=g)
-        a, grouped, wa = model.step(tokens, grouped, need_weights)
+        a, grouped, wa = fast.step(tokens, grouped, need_weights)
         b, repeated, wb = model.step(tokens, repeated, need_weights)
         assert (a - b).abs().max() <= 1e-5, t
         if need_weights:
@@ -159,6 +181,8 @@ def test_repeat_beams_keeps_one_source_row_per_sentence(model, src, need_weights
         else:
             grouped = grouped.select(rows.flatten(), same_source=True)
             repeated = repeated.select(rows.flatten(), same_source=True)
+            assert grouped.caches[0].order is not None  # gathered by the next step, as it appends
+        assert grouped.rows == repeated.rows == live * k
     assert grouped.memory.states.size(0) == live
 
 
@@ -171,7 +195,7 @@ def _reference_greedy(model, src, max_len):
     with torch.no_grad():
         for t in range(max_len):
             log_probs = model.teacher_forced(src, torch.tensor([out])) if hasattr(model, "teacher_forced") \
-                else torch.log_softmax(model(src, torch.tensor([out])), -1)
+                else torch.log_softmax(model(src, torch.tensor([out])).logits, -1)
             token = EOS if t + 1 >= max_len else int(log_probs[0, -1].argmax())
             if token == EOS:
                 return out[1:]
@@ -180,14 +204,14 @@ def _reference_greedy(model, src, max_len):
 
 
 @pytest.mark.parametrize("use_bias", [False, True])
-@pytest.mark.parametrize("chunk", [128, 2])
+@pytest.mark.parametrize("chunk", [None, 128, 2])
 def test_greedy_equals_reference(model, biased, src, use_bias, chunk, monkeypatch):
-    """Argmax over the vocabulary directly, and through chunk maxima (``attnkit.decode.ranking``)."""
-    monkeypatch.setattr(ranking, "CHUNK", chunk)
-    monkeypatch.setattr(ranking, "SMALL", 0)
+    """The core search's argmax over the vocabulary, and the fast decoder's chunked one
+    (``attnkit.fast.ranking``): directly (chunks of 128 over 23 tokens), and through chunk maxima (chunks of 2)."""
     m = biased if use_bias else model
+    decoder = _ranked(m, chunk, monkeypatch)
     lens = _max_lens(src)
-    hyps = greedy(m, _init(m, src), lens)
+    hyps = greedy(decoder, _init(decoder, src), lens)
     assert len(hyps) == src.size(0)
     for i, h in enumerate(hyps):
         assert h.tokens == _reference_greedy(m, _unpadded(src, i), int(lens[i]))
@@ -308,16 +332,17 @@ def _reference_beam_search(model, state, max_lens, k, len_penalty, need_weights=
 
 @pytest.mark.parametrize("use_bias,k,len_penalty,a,b", [(False, 4, 1.0, 1.0, 4), (True, 3, 0.6, 1.5, 2),
                                                         (True, 5, 1.2, 0.5, 1), (True, 1, 1.0, 1.0, 4)])
-@pytest.mark.parametrize("chunk", [128, 2])
+@pytest.mark.parametrize("chunk", [None, 128, 2])
 def test_beam_search_equals_reference(model, biased, src, use_bias, k, len_penalty, a, b, chunk, monkeypatch):
     """The batched tensor ranking finds the same hypotheses, scores and attention as the plain Python oracle,
-    sentences stopping early or at the length limit (a short limit forces EOS); with chunks of 2 the
-    23-token vocabulary is ranked through chunk maxima (``attnkit.decode.ranking``), with 128 directly."""
-    monkeypatch.setattr(ranking, "CHUNK", chunk)
-    monkeypatch.setattr(ranking, "SMALL", 0)
+    sentences stopping early or at the length limit (a short limit forces EOS): the core search's top-k, and the
+    fast decoder's chunked one (``attnkit.fast.ranking``), with chunks of 2 through chunk maxima of the 23-token
+    vocabulary, with 128 directly."""
     m = biased if use_bias else model
+    decoder = _ranked(m, chunk, monkeypatch)
     lens = _max_lens(src, a, b)
-    got = beam_search(m, _init(m, src), lens, beam_size=k, len_penalty=len_penalty, n_best=k, need_weights=True)
+    got = beam_search(decoder, _init(decoder, src), lens, beam_size=k, len_penalty=len_penalty, n_best=k,
+                      need_weights=True)
     want = _reference_beam_search(m, _init(m, src), lens, k, len_penalty, need_weights=True)
     for g, w in zip(got, want):
         assert [h.tokens for h in g] == [h.tokens for h in w]
@@ -443,14 +468,16 @@ def test_generate_records_no_autograd_graph(model, src):
     assert grad_modes == [False, False]  # the encoder too: its activations are never kept for a backward
 
 
-# --- torch.compile
+# --- torch.compile (attnkit.fast.compile_step)
 
 
+@pytest.mark.slow
 @torch.no_grad()
-def test_two_frozen_models_in_one_process_keep_their_own_weights(src):
+def test_two_frozen_models_in_one_process_keep_their_own_weights(model, src):
     """Both models share ``step``'s code; frozen, the weights are constants of the compiled graph, so the second
-    model must get its own graph (a guard filter that skipped the module checks once gave it the first one's)."""
-    first, second = make_model(seed=0), make_model(seed=1)
+    model must get its own graph (a guard filter that skipped the module checks once gave it the first one's).
+    (Two random tiny models both repeat BOS: the trained one and a random one decode differently.)"""
+    first, second = model, make_model(seed=1)
     lens = _max_lens(src)
     eager = [[h.tokens for h in greedy(m, _init(m, src), lens)] for m in (first, second)]
     assert eager[0] != eager[1]
@@ -458,19 +485,21 @@ def test_two_frozen_models_in_one_process_keep_their_own_weights(src):
         assert [h.tokens for h in greedy(m, _init(m, src), lens)] == expected
 
 
+def _weights(model):
+    return {name: (p.detach().clone(), p.stride()) for name, p in model.state_dict(keep_vars=True).items()}
+
+
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("freeze", [False, True])
 def test_a_compiled_step_decodes_like_the_eager_one(model, src, freeze):
     """``attnkit translate --compile``: greedy and beam outputs and their scores as eager decoding gives them,
-    over batches that shrink as sentences end (dynamic shapes), with the weights frozen or not."""
+    over batches that shrink as sentences end (dynamic shapes), with the weights frozen or not. The model handed
+    to ``compile_step`` is left as it was: its weights, and the core's attention."""
     torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
-    compiled = compile_step(copy.deepcopy(model), freeze=freeze)
-    # every linear layer's weight stored column-major (x @ W^T multiplies by a contiguous matrix), the same values
-    layers = dict(compiled.named_modules())
-    linears = [(a, layers[name]) for name, a in model.named_modules()
-               if isinstance(a, torch.nn.Linear) and isinstance(layers[name], torch.nn.Linear)]
-    assert len(linears) > len(model.decoder) and all(b.weight.stride(0) == 1 for _, b in linears)
-    assert all(torch.equal(a.weight, b.weight) for a, b in linears)
+    before = _weights(model)
+    compiled = compile_step(model, freeze=freeze)
+    assert isinstance(compiled, CompiledDecoder) and compiled.decoder.model is not model
     lens = _max_lens(src)
     for search in (lambda m: [[h] for h in greedy(m, _init(m, src), lens)],
                    lambda m: beam_search(m, _init(m, src), lens, beam_size=3)):
@@ -478,8 +507,29 @@ def test_a_compiled_step_decodes_like_the_eager_one(model, src, freeze):
         eager = search(model)
         assert [h[0].tokens for h in fast] == [h[0].tokens for h in eager]
         assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in eager], abs=1e-4)
+    after = _weights(model)
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[n][0], after[n][0]) and before[n][1] == after[n][1] for n in before)
+    assert all(m.kernel is reference_attention for m in model.modules() if hasattr(m, "kernel"))
 
 
+@pytest.mark.internals
+@torch.no_grad()
+def test_a_compiled_decoder_stores_linear_weights_column_major(model):
+    """Every linear layer's weight of the compiled decoder's copy stored column-major (x @ W^T multiplies by a
+    contiguous matrix), with the model's values."""
+    compiled = compile_step(model)
+    layers = dict(compiled.decoder.model.named_modules())
+    linears = [(a, layers[name]) for name, a in model.named_modules()
+               if isinstance(a, torch.nn.Linear) and isinstance(layers.get(name), torch.nn.Linear)]
+    assert len(linears) > len(model.decoder) and all(b.weight.stride(0) == 1 for _, b in linears)
+    assert all(torch.equal(a.weight, b.weight) for a, b in linears)
+    assert all(a.weight.stride(0) != 1 for a, _ in linears)  # the model's own are left row-major
+    assert torch.equal(compiled.decoder.model.output.weight.t(), model.output.weight)  # kept as [d_in, d_out]
+
+
+@pytest.mark.slow
+@pytest.mark.internals
 @torch.no_grad()
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN packing is a CPU build's")
 def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_model(model, src):
@@ -491,10 +541,10 @@ def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_mode
     lens = _max_lens(src)
     expected = [h.tokens for h in greedy(model, _init(model, src), lens)]
     # the same options for both: Dynamo keeps graphs compiled with other options apart anyway (it checks the backend)
-    unfrozen = compile_step(copy.deepcopy(model), cpp_wrapper=False)
+    unfrozen = compile_step(model, cpp_wrapper=False)
     assert [h.tokens for h in greedy(unfrozen, _init(unfrozen, src), lens)] == expected
     # packing asked for (by default it is used only where it measures faster); the Python wrapper: ops profiled
-    frozen = compile_step(copy.deepcopy(model), freeze=True, cpp_wrapper=False, pack_output=True)
+    frozen = compile_step(model, freeze=True, cpp_wrapper=False, pack_output=True)
     assert [h.tokens for h in greedy(frozen, _init(frozen, src), lens)] == expected
     with torch.profiler.profile() as prof:
         hyps = greedy(frozen, _init(frozen, src), lens)
@@ -503,4 +553,3 @@ def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_mode
     assert calls.get("mkldnn::_linear_pointwise") == steps  # one packed product a step: the output projection
     assert calls.get("aten::_reorder_linear_weight", 0) == calls.get("mkldnn::_reorder_linear_weight", 0) == 0
     assert calls.get("aten::addmm", 0) >= steps * len(model.decoder)  # the layers' products, unpacked
-

@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.slow  # three 2-process training runs, then four resumed ones: a minute and a half
+
 TINY = ["--set", "data.format=dates", "--set", "data.n_synthetic=400", "--set", "data.vocab_size=64",
         "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.n_heads=4",
         "--set", "model.n_encoder_layers=1", "--set", "model.n_decoder_layers=1", "--set", "model.dropout=0.0",

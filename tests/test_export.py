@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnkit.checkpoint import load_checkpoint, write_checkpoint
 from attnkit.cli import main
 from attnkit.data import generate_dates, pad
 from attnkit.decode import generate, max_lengths, translate
@@ -24,9 +25,9 @@ from attnkit.export.huggingface import (
     marian_order,
     write_tokenizer,
 )
-from attnkit.models import EOS, Transformer
+from attnkit.models import BOS, EOS, Transformer
+from attnkit.models.transformer import DecoderState
 from attnkit.nn.positional import sinusoidal_table
-from attnkit.train import load_checkpoint, write_checkpoint
 from conftest import tiny_experiment, tiny_model_config
 
 transformers = pytest.importorskip("transformers")
@@ -126,12 +127,31 @@ def test_ctranslate2_matches_greedy(checkpoint_and_sentences, tmp_path):
 def test_onnx_encoder_and_step_match_pytorch(trained_checkpoint, tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from attnkit.export.onnx_export import OnnxTransformer, step_gap
+    from attnkit.export.onnx_export import DecoderStepGraph, EncoderGraph, OnnxTransformer, step_gap
 
     model, cfg, toks, _ = load_checkpoint(trained_checkpoint)
     src, lens = _batch(toks, generate_dates(12, seed=7).src, cfg)
+    # the graphs' modules, in PyTorch: the core DecoderState(memory, memory_kv, caches, offset) built from tensors
+    with torch.no_grad():
+        state, tokens = model.init_state(model.encode(src)), torch.full((src.size(0),), BOS, dtype=torch.long)
+        for _ in range(3):
+            log_probs, state, _ = model.step(tokens, state)
+            tokens = log_probs.argmax(-1)
+        assert isinstance(state, DecoderState) and state.offset == 3
+        cross_keys, cross_values = EncoderGraph(model)(src)
+        graph = DecoderStepGraph(model)(tokens, src, cross_keys, cross_values,
+                                        torch.stack([c.keys for c in state.caches]),
+                                        torch.stack([c.values for c in state.caches]))
+        log_probs, state, _ = model.step(tokens, state)
+    torch.testing.assert_close(cross_keys, torch.stack([kv.keys for kv in state.memory_kv]))
+    torch.testing.assert_close(cross_values, torch.stack([kv.values for kv in state.memory_kv]))
+    torch.testing.assert_close(graph[0], log_probs)
+    torch.testing.assert_close(graph[1], torch.stack([c.keys for c in state.caches]))
+    torch.testing.assert_close(graph[2], torch.stack([c.values for c in state.caches]))
+
     path, _ = export(trained_checkpoint, "onnx", tmp_path / "onnx")
     onnx_model = OnnxTransformer(path)
+    assert onnx_model.search_steps() == {}  # attnkit's own search steps over its step()
     assert step_gap(model, onnx_model, src, steps=10) < 1e-4
     assert _greedy(onnx_model, src, lens) == _greedy(model, src, lens)  # attnkit's search over onnxruntime
 

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_model
 
+from attnkit import fast
 from attnkit.cli import main
-from attnkit.config import PRESETS, ExperimentConfig, ModelConfig, config_from_dict
+from attnkit.config import PRESETS, ExperimentConfig, LMConfig, config_from_dict
 from attnkit.data import CharTokenizer, WordVocab, block_batch, shifted_blocks, stream_blocks
 from attnkit.decode import beam_search, complete, filter_logits, greedy, sample
 from attnkit.errors import AttnkitError
@@ -26,10 +27,9 @@ from attnkit.train.tasks import LanguageModelTask
 VOCAB = 24
 
 
-def lm_config(**overrides) -> ModelConfig:
-    base = PRESETS["lm_tiny"] | dict(d_model=32, n_heads=4, d_ff=64, n_decoder_layers=2, dropout=0.0,
-                                     max_positions=64)
-    return ModelConfig(family="transformer_lm", **(base | overrides))
+def lm_config(**overrides) -> LMConfig:
+    base = PRESETS["lm_tiny"] | dict(d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0, max_positions=64)
+    return LMConfig(**(base | overrides))
 
 
 def make_lm(seed: int = 0, **overrides) -> TransformerLM:
@@ -57,7 +57,7 @@ def toy_lm() -> TransformerLM:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(40):
         b = block_batch(blocks, list(range(blocks.size(0))))
-        loss = F.cross_entropy(model(b.src, b.tgt_in).flatten(0, 1), b.tgt_out.flatten())
+        loss = F.cross_entropy(model(b.src, b.tgt_in).logits.flatten(0, 1), b.tgt_out.flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -77,11 +77,11 @@ ADAPTIVE_TIED = ADAPTIVE | {"share_embeddings": True}  # adaptive input sharing 
 def test_logits_never_see_the_future(overrides):
     model = make_lm(**overrides)
     x = torch.randint(4, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
-    base = model(None, x)
+    base = model(None, x).logits
     for t in range(11):
         changed = x.clone()
         changed[:, t + 1:] = torch.randint(4, VOCAB, (2, 11 - t), generator=torch.Generator().manual_seed(t + 1))
-        out = model(None, changed)
+        out = model(None, changed).logits
         assert (out[:, : t + 1] - base[:, : t + 1]).abs().max() <= 1e-6
         assert (out[:, t + 1:] - base[:, t + 1:]).abs().max() > 1e-3  # the later positions do read them
 
@@ -92,7 +92,7 @@ def test_logits_never_see_the_future(overrides):
 def test_cached_steps_equal_teacher_forcing(overrides):
     model = make_lm(seed=2, **overrides)
     x = torch.cat([torch.full((3, 1), BOS), torch.randint(4, VOCAB, (3, 15))], 1)
-    full = F.log_softmax(model(None, x), -1)
+    full = F.log_softmax(model(None, x).logits, -1)
     state = model.init_state(model.encode(x))
     for t in range(x.size(1)):
         log_probs, state, attn = model.step(x[:, t], state, need_weights=True)
@@ -106,18 +106,21 @@ def test_adaptive_softmax_is_a_distribution_and_its_training_loss_is_its_likelih
     x = torch.cat([torch.full((2, 1), BOS), torch.randint(4, VOCAB, (2, 9))], 1)
     y = torch.arange(4, VOCAB).view(2, 10)  # targets in the head (< 8) and in both tail clusters
     y[1, 7:] = PAD  # padding is never scored
-    log_probs = model(None, x)
+    log_probs = model(None, x).logits
     assert torch.allclose(log_probs.logsumexp(-1), torch.zeros(2, 10), atol=1e-5)
     direct = -log_probs.gather(-1, y[..., None]).squeeze(-1)[y.ne(PAD)].sum()
-    loss, nll = model(None, x, targets=y, label_smoothing=0.1)  # no smoothing on the adaptive softmax's path
-    assert torch.allclose(loss, direct, atol=1e-4) and torch.allclose(nll, direct, atol=1e-4)
+    out = model(None, x, targets=y, label_smoothing=0.1)  # no smoothing on the adaptive softmax's path
+    assert torch.allclose(out.loss, direct, atol=1e-4) and torch.allclose(out.nll, direct, atol=1e-4)
     untied = make_lm(seed=3, share_embeddings=False)
-    full = F.cross_entropy(untied(None, x).flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum")
-    assert torch.allclose(untied(None, x, targets=y)[0], full, atol=1e-4)
-    smoothed = F.cross_entropy(untied(None, x).flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum",
-                               label_smoothing=0.1)
-    loss, nll = untied(None, x, targets=y, label_smoothing=0.1)
-    assert torch.allclose(loss, smoothed, atol=1e-4) and torch.allclose(nll, full, atol=1e-4)
+    full = F.cross_entropy(untied(None, x).logits.flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum")
+    smoothed = F.cross_entropy(untied(None, x).logits.flatten(0, 1), y.flatten(), ignore_index=PAD,
+                               reduction="sum", label_smoothing=0.1)
+    for tricks in ((), ("fused_loss",)):  # the core's projection + loss, then the fast runtime's fused one
+        fast.use(untied, *tricks)
+        assert ("projected_loss" in vars(untied)) == bool(tricks)  # the fused loss is (not) installed
+        assert torch.allclose(untied(None, x, targets=y).loss, full, atol=1e-4), tricks
+        out = untied(None, x, targets=y, label_smoothing=0.1)
+        assert torch.allclose(out.loss, smoothed, atol=1e-4) and torch.allclose(out.nll, full, atol=1e-4), tricks
 
 
 def test_adaptive_input_is_the_adaptive_softmax_read_backwards(tmp_path):
@@ -148,7 +151,7 @@ def test_adaptive_input_is_the_adaptive_softmax_read_backwards(tmp_path):
     load_weights(loaded, tmp_path / "model.safetensors")
     assert loaded.embed.tokens.head is loaded.output.head.weight
     x = torch.cat([torch.full((3, 1), BOS), ids[:, 1:]], 1)
-    assert torch.equal(loaded(None, x), model(None, x))
+    assert torch.equal(loaded(None, x).logits, model(None, x).logits)
 
 
 def test_adaptive_softmax_configs_are_checked():
@@ -167,8 +170,7 @@ def test_embeddings_tied_and_presets_sized_like_gpt2():
     model = make_lm()
     assert model.output.weight is model.embed.tokens.weight
     with torch.device("meta"):  # shapes only: no memory, no time
-        gpt2 = build_model(ModelConfig(family="transformer_lm", preset="gpt2_small", **PRESETS["gpt2_small"]),
-                           0, 50257)
+        gpt2 = build_model(LMConfig(preset="gpt2_small", **PRESETS["gpt2_small"]), 0, 50257)
     assert sum(p.numel() for p in gpt2.parameters()) == 124_439_808  # GPT-2 small, counted the same way
     assert len(gpt2.layers) == 12 and gpt2.cfg.d_model == 768 and gpt2.cfg.norm_first
 
@@ -176,7 +178,8 @@ def test_embeddings_tied_and_presets_sized_like_gpt2():
 def test_config_pairs_language_models_with_text_streams():
     cfg = config_from_dict({"model": {"preset": "lm_small", "family": "transformer_lm"},
                             "data": {"format": "wikitext2", "block_size": 128}})
-    assert cfg.model.n_decoder_layers == 4 and cfg.model.norm_first and cfg.data.block_size == 128
+    assert type(cfg.model) is LMConfig and cfg.model.n_layers == 4 and cfg.model.norm_first
+    assert cfg.data.block_size == 128
     with pytest.raises(AttnkitError, match="transformer_lm"):
         config_from_dict({"model": {"family": "transformer_lm"}, "data": {"format": "multi30k"}})
     with pytest.raises(AttnkitError, match="transformer_lm"):
@@ -193,7 +196,7 @@ def uncached(model, prefix: list[int], n_steps: int, temperature: float, top_k: 
     g = torch.Generator().manual_seed(seed)
     seq, out = [BOS], []
     for t in range(n_steps - 1):  # sample's last step only ends the sequence
-        log_probs = F.log_softmax(model(None, torch.tensor([seq]))[:, -1].float(), -1)
+        log_probs = F.log_softmax(model(None, torch.tensor([seq])).logits[:, -1].float(), -1)
         if t < len(prefix):
             token = prefix[t]
         elif temperature == 0:
@@ -255,7 +258,7 @@ def test_generation_past_the_positions_slides_its_window(toy_lm, tmp_path):
     assert ids[:63] == uncached(toy_lm, ids[:3], 64, 0.0)  # the first window is plain greedy decoding
     # the second window reads BOS + ids[31:63] and makes ids[63:94]; the third starts from ids[62:94]
     for start, t in ((31, 63), (31, 64), (31, 93), (62, 94), (62, 100)):
-        assert int(toy_lm(None, torch.tensor([[BOS] + ids[start:t]]))[0, -1].argmax()) == ids[t]
+        assert int(toy_lm(None, torch.tensor([[BOS] + ids[start:t]])).logits[0, -1].argmax()) == ids[t]
 
 
 # --- perplexity
@@ -293,7 +296,8 @@ def test_sliding_window_scores_every_token_once_with_its_window_before_it():
     nll = 0.0  # directly: each token from BOS and the tokens of its window before it, one forward pass each
     for begin, end, scored in sliding_windows(50, 16, 6):
         for i in range(scored, end):
-            log_probs = F.log_softmax(model(None, torch.tensor([[BOS] + stream[begin:i].tolist()]))[0, -1], -1)
+            log_probs = F.log_softmax(model(None, torch.tensor([[BOS] + stream[begin:i].tolist()])).logits[0, -1],
+                                      -1)
             nll -= float(log_probs[stream[i]])
     assert scores["tokens"] == 50 and scores["loss"] == pytest.approx(nll / 50, rel=1e-5)
     assert scores["bpc"] == pytest.approx(nll / 50 / math.log(2), rel=1e-5)
@@ -419,7 +423,7 @@ def test_generate_streams_a_continuation(shakespeare_run, capsys):
 
 def test_generate_refuses_a_translation_checkpoint(trained_checkpoint, capsys):
     assert main(["generate", "--checkpoint", str(trained_checkpoint), "--prompt", "x"]) == 2
-    assert "not a language model" in capsys.readouterr().err
+    assert "a transformer model cannot generate" in capsys.readouterr().err
 
 
 # --- transfer: a shared SentencePiece model, then fine-tuning from another run's weights

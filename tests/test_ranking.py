@@ -1,12 +1,14 @@
-"""The chunked argmax and beam ranking against torch.argmax and torch.topk."""
+"""The fast runtime's chunked argmax and beam ranking (``attnkit.fast.ranking``) against torch.argmax and torch.topk,
+and against the core search's own ranking (``attnkit.decode.search``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnkit.decode import ranking
-from attnkit.decode.ranking import argmax_rows, best_extensions
+from attnkit.decode.search import argmax, top_extensions
+from attnkit.fast import ranking
+from attnkit.fast.ranking import argmax_rows, best_extensions
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +27,7 @@ def test_argmax_rows_equals_argmax(v, chunk):
     x[3] = float("-inf")  # nothing but -inf: index 0
     x[4] = 0.5  # all equal
     assert torch.equal(argmax_rows(x, chunk), x.argmax(-1))
+    assert torch.equal(argmax_rows(x, chunk), argmax(x))  # the core search's choice
 
 
 @pytest.mark.parametrize("v,chunk", [(6000, 128), (1000, 16), (1003, 16), (37, 4)])
@@ -44,8 +47,11 @@ def test_best_extensions_equal_topk(v, chunk, k):
     assert torch.equal(indices[live], want.indices[live])
     flat = (scores[:, :, None] + log_probs).view(m, k * v)
     assert torch.equal(flat.gather(1, indices), values)  # every index points at its value
+    core_values, core_indices = top_extensions(scores, log_probs, 2 * k)  # the core search's ranking
+    assert torch.equal(values, core_values) and torch.equal(indices[live], core_indices[live])
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_compiled_chunked_paths_equal_argmax_and_topk(monkeypatch):
     """Compiled, both functions take their chunked path at any size (Inductor fuses it), and with dynamic shapes

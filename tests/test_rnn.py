@@ -12,13 +12,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnkit import fast
 from attnkit.cli import main
-from attnkit.config import ExperimentConfig, config_from_dict, load_config
+from attnkit.config import (
+    ConvTransformerConfig,
+    ExperimentConfig,
+    RNNEncDecConfig,
+    RNNSearchConfig,
+    config_from_dict,
+    load_config,
+)
 from attnkit.data import collate, generate_dates
 from attnkit.decode import align, beam_search, greedy, max_lengths, translate
 from attnkit.errors import AttnkitError
 from attnkit.models import BOS, EOS, PAD, RNNSearch, build_model
-from attnkit.train import Trainer, label_smoothed_nll, load_checkpoint
+from attnkit.train import Trainer, load_checkpoint
 from conftest import random_src, tiny_experiment, tiny_model_config
 
 VOCAB = 23
@@ -36,10 +44,24 @@ VARIANTS = [
 IDS = [f"{family}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for family, o in VARIANTS]
 
 
+RNN_CONFIGS = {"rnn_encdec": RNNEncDecConfig, "rnnsearch": RNNSearchConfig}
+
+
+def family_config(family: str, width: int, hidden: int, **overrides):
+    """A tiny config of ``family`` (two layers each side, no dropout, tied embeddings): an RNN's word embeddings
+    ``width`` wide and its GRUs ``hidden``; the convolutional Transformer's d_model ``width`` and d_ff ``hidden``."""
+    if family in RNN_CONFIGS:
+        base = {"embedding_size": width, "hidden_size": hidden, "n_encoder_layers": 2, "n_decoder_layers": 2,
+                "dropout": 0.0, "share_embeddings": True}
+        return RNN_CONFIGS[family](**(base | overrides))
+    assert family == "conv_transformer", family
+    base = dataclasses.asdict(tiny_model_config(d_model=width, d_ff=hidden))
+    return ConvTransformerConfig(**(base | {"family": family} | overrides))
+
+
 def _model(family: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    cfg = tiny_model_config(family=family, d_model=16, d_ff=24, **overrides)
-    return build_model(cfg, VOCAB, VOCAB).eval()
+    return build_model(family_config(family, 16, 24, **overrides), VOCAB, VOCAB).eval()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +85,7 @@ def _unpadded(src, i):
 @torch.no_grad()
 def test_shapes(family, overrides, src, tgt_in):
     model = _model(family, **overrides)
-    assert model(src, tgt_in).shape == (src.size(0), tgt_in.size(1), VOCAB)
+    assert model(src, tgt_in).logits.shape == (src.size(0), tgt_in.size(1), VOCAB)
     memory = model.encode(src)
     width = {"rnn_encdec": 24, "rnnsearch": 2 * 24, "conv_transformer": 16}[family]
     length = 1 if family == "rnn_encdec" else src.size(1)  # the thought vector is one position
@@ -71,13 +93,15 @@ def test_shapes(family, overrides, src, tgt_in):
     if family != "rnn_encdec":
         assert torch.equal(memory.padding_mask, src.eq(PAD))
         assert torch.all(memory.states[src.eq(PAD)] == 0)  # padding is zero in the memory
+    else:  # no attention to show: the maps are empty
+        assert model(src, tgt_in, need_weights=True).attention.cross == []
 
 
 @pytest.mark.parametrize("family,overrides", VARIANTS, ids=IDS)
 @torch.no_grad()
 def test_cached_steps_equal_teacher_forcing(family, overrides, src, tgt_in):
     model = _model(family, **overrides)
-    full = F.log_softmax(model(src, tgt_in), -1)
+    full = F.log_softmax(model(src, tgt_in).logits, -1)
     state = model.init_state(model.encode(src))
     for t in range(tgt_in.size(1)):
         log_probs, state, attn = model.step(tgt_in[:, t], state, need_weights=True)
@@ -99,7 +123,10 @@ def test_rnnsearch_alignments(score, src, tgt_in):
     assert torch.allclose(alphas.sum(-1), torch.ones(alphas.shape[:2]), atol=1e-6)
     assert torch.all(alphas.masked_select(src.eq(PAD)[:, None, :]) == 0)
     assert torch.all(alphas.masked_select(src.ne(PAD)[:, None, :]) > 0)
-    assert torch.equal(logits, model(src, tgt_in))
+    assert torch.equal(logits, model(src, tgt_in).logits)
+    out = model(src, tgt_in, need_weights=True)  # the contract's maps: one cross-attention layer of one head
+    assert len(out.attention.cross) == 1 and not out.attention.encoder and not out.attention.decoder
+    assert torch.equal(out.attention.cross[0], alphas[:, None]) and torch.equal(out.logits, logits)
     state = model.init_state(model.encode(src))
     for t in range(tgt_in.size(1)):
         _, state, attn = model.step(tgt_in[:, t], state, need_weights=True)
@@ -124,11 +151,11 @@ def test_rnnsearch_initial_state_comes_from_the_backward_encoder(src):
 def test_padding_never_changes_results(family, overrides, src, tgt_in):
     """Each sentence alone (no padding) scores exactly as it does in the padded batch, and as with extra padding."""
     model = _model(family, **overrides)
-    batched = model(src, tgt_in)
-    wider = model(torch.cat([src, torch.full((src.size(0), 3), PAD)], 1), tgt_in)
+    batched = model(src, tgt_in).logits
+    wider = model(torch.cat([src, torch.full((src.size(0), 3), PAD)], 1), tgt_in).logits
     assert (wider - batched).abs().max() <= 1e-5
     for i in range(src.size(0)):
-        alone = model(_unpadded(src, i), tgt_in[i:i + 1])
+        alone = model(_unpadded(src, i), tgt_in[i:i + 1]).logits
         assert (alone[0] - batched[i]).abs().max() <= 1e-5, i
         memory_alone, memory = model.encode(_unpadded(src, i)), model.encode(src)
         n = memory_alone.states.size(1)
@@ -154,7 +181,7 @@ def test_state_select_reorders_rows(family, src):
 def _toy_trained(family: str, steps: int = 40, seed: int = 0):
     """Briefly trained to reverse and relabel its source, so that outputs vary with the input and end with EOS."""
     torch.manual_seed(seed)
-    model = build_model(tiny_model_config(family=family, d_model=32, d_ff=32), VOCAB, VOCAB)
+    model = build_model(family_config(family, 32, 32), VOCAB, VOCAB)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -163,7 +190,7 @@ def _toy_trained(family: str, steps: int = 40, seed: int = 0):
             s = torch.randint(4, VOCAB, (int(torch.randint(1, 8, (1,), generator=g)),), generator=g).tolist()
             pairs.append((s, [(t * 3) % (VOCAB - 4) + 4 for t in reversed(s)]))
         b = collate([s for s, _ in pairs], [t for _, t in pairs], list(range(16)))
-        loss, _ = label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, 0.0)
+        loss = model(b.src, b.tgt_in, targets=b.tgt_out).loss
         opt.zero_grad()
         (loss / b.n_tokens).backward()
         opt.step()
@@ -199,8 +226,8 @@ def test_beam_one_equals_greedy_and_batching_does_not_matter(toy, src):
 
 def _experiment(family: str) -> ExperimentConfig:
     cfg = tiny_experiment(max_steps=60, lr=3e-3, warmup_steps=10, max_tokens=400)
-    cfg.model = dataclasses.replace(cfg.model, family=family, d_model=32, d_ff=64, n_encoder_layers=1,
-                                    n_decoder_layers=1)
+    cfg.model = family_config(family, 32, 64, n_encoder_layers=1, n_decoder_layers=1, dropout=cfg.model.dropout,
+                              **({} if family in RNN_CONFIGS else {"max_positions": cfg.model.max_positions}))
     return cfg
 
 
@@ -230,10 +257,13 @@ def test_training_beats_a_unigram_baseline(trained):
 def test_checkpoint_round_trips_to_identical_outputs(trained):
     trainer, _, _, run = trained
     model, cfg, toks, path = load_checkpoint(run)
-    assert cfg.model.family == trainer.cfg.model.family and type(model) is type(trainer.model)
+    assert cfg == trainer.cfg and type(model) is type(trainer.model)
     trainer.model.eval()
     b = trainer.task.batch("valid", list(range(8)))
-    assert torch.equal(model(b.src, b.tgt_in), trainer.model(b.src, b.tgt_in))
+    core = model(b.src, b.tgt_in).logits  # the checkpoint loads as the core: the fast path gives the same
+    torch.testing.assert_close(core, trainer.model(b.src, b.tgt_in).logits, rtol=1e-5, atol=1e-5)
+    fast.use(model, *cfg.train.fast).eval()  # with the tricks the trainer ran, exactly its outputs
+    assert torch.equal(model(b.src, b.tgt_in).logits, trainer.model(b.src, b.tgt_in).logits)
     sentences = generate_dates(6, seed=5).src
     ours = translate(model, toks, sentences, beam_size=2, max_len_b=5)
     theirs = translate(trainer.model, trainer.task.toks, sentences, beam_size=2, max_len_b=5)
@@ -246,14 +276,18 @@ def test_align_command(trained, tmp_path, capsys):
     png = tmp_path / "align.png"
     code = main(["align", "--checkpoint", str(run), "--src", "4 March 1997", "--beam", "2", "-o", str(png)])
     if family == "rnn_encdec":  # nothing to show: the decoder never looks at the source words
-        assert code == 2 and "no attention" in capsys.readouterr().err
+        assert code == 2 and "a rnn_encdec model has no alignment to show" in capsys.readouterr().err
         return
     assert code == 0 and png.stat().st_size > 0
     if family == "conv_transformer":  # a Transformer decoder: per layer and head
         assert main(["align", "--checkpoint", str(run), "--src", "4 March 1997", "--layer", "1", "--head", "2",
                      "-o", str(png)]) == 0
-    else:
-        assert main(["align", "--checkpoint", str(run), "--src", "x", "--layer", "1", "-o", str(png)]) == 2
+    else:  # one attention: layer 1 (head 1) is all there is
+        assert main(["align", "--checkpoint", str(run), "--src", "x", "--layer", "1", "--head", "1",
+                     "-o", str(png)]) == 0
+        capsys.readouterr()
+        assert main(["align", "--checkpoint", str(run), "--src", "x", "--layer", "2", "-o", str(png)]) == 2
+        assert "a rnnsearch model has a single attention" in capsys.readouterr().err
 
 
 @torch.no_grad()
@@ -326,8 +360,11 @@ def test_config_errors():
     config_from_dict({"model": {"family": "conv_transformer", "conv_kernel": 5}})
     with pytest.raises(AttnkitError, match="conv_kernel = 4 must be a positive odd number"):
         config_from_dict({"model": {"family": "conv_transformer", "conv_kernel": 4}})
-    with pytest.raises(AttnkitError, match="translates text"):
+    with pytest.raises(AttnkitError, match=r"data.format = 'flickr8k' goes with model.family = .*"
+                                           r"not 'rnnsearch' with 'flickr8k'"):
         config_from_dict({"model": {"family": "rnnsearch"}, "data": {"format": "flickr8k"}})
+    with pytest.raises(AttnkitError, match=r"not 'show_attend_tell' with 'multi30k'"):  # and the other way round
+        config_from_dict({"model": {"family": "show_attend_tell"}})
     with pytest.raises(AttnkitError, match="model.family = 'rnn' is not one of"):
         config_from_dict({"model": {"family": "rnn"}})
 

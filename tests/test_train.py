@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -12,14 +13,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.config import TrainConfig, load_config
+from attnkit import fast
+from attnkit.config import (
+    LMConfig,
+    RNNEncDecConfig,
+    RNNSearchConfig,
+    ShowAttendTellConfig,
+    TrainConfig,
+    TransformerCaptionerConfig,
+    TransformerConfig,
+    load_config,
+)
 from attnkit.data import generate_dates, load_tokenizers, token_batches
 from attnkit.errors import AttnkitError
-from attnkit.nn.loss import projected_smoothed_cross_entropy
+from attnkit.fast.loss import projected_smoothed_cross_entropy, smoothed_cross_entropy
+from attnkit.nn.loss import label_smoothed_nll, projected_label_smoothed_nll
 from attnkit.train import (
     Trainer,
     average_checkpoints,
-    label_smoothed_nll,
     learning_rate,
     load_checkpoint,
     read_metrics,
@@ -27,7 +38,12 @@ from attnkit.train import (
 )
 from conftest import tiny_experiment
 
-# --- label-smoothed cross entropy
+# --- label-smoothed cross entropy: the core's reference (attnkit.nn.loss) and the fast runtime's fused one
+# (attnkit.fast.loss), each against a direct computation and PyTorch, and against each other
+
+LOSSES = [label_smoothed_nll, smoothed_cross_entropy]
+LOSS_IDS = ["reference", "fused"]
+PROJECTED = [projected_label_smoothed_nll, projected_smoothed_cross_entropy]
 
 
 def _loss_inputs(seed=0):
@@ -39,10 +55,11 @@ def _loss_inputs(seed=0):
     return logits, target
 
 
+@pytest.mark.parametrize("loss_fn", LOSSES, ids=LOSS_IDS)
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
-def test_label_smoothed_nll_matches_direct_computation(eps):
+def test_label_smoothed_nll_matches_direct_computation(eps, loss_fn):
     logits, target = _loss_inputs()
-    loss, nll = label_smoothed_nll(logits, target, eps)
+    loss, nll = loss_fn(logits, target, eps)
     logp = torch.log_softmax(logits.double(), -1)
     expected_loss, expected_nll, n = 0.0, 0.0, 0
     for b in range(3):
@@ -61,24 +78,26 @@ def test_label_smoothed_nll_matches_direct_computation(eps):
     assert math.isclose(float(nll), float(ce), rel_tol=1e-5)
 
 
-def test_label_smoothed_nll_gradients():
+@pytest.mark.parametrize("loss_fn", LOSSES, ids=LOSS_IDS)
+def test_label_smoothed_nll_gradients(loss_fn):
     logits, target = _loss_inputs(1)
     logits.requires_grad_(True)
-    loss, nll = label_smoothed_nll(logits, target, 0.1)
+    loss, nll = loss_fn(logits, target, 0.1)
     assert not nll.requires_grad
     loss.backward()
     assert torch.all(logits.grad[target.eq(0)] == 0)  # pads contribute nothing
     assert logits.grad[target.ne(0)].abs().sum() > 0
 
 
+@pytest.mark.parametrize("loss_fn", LOSSES, ids=LOSS_IDS)
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("sharpness", [1.0, 50.0])  # 50: most probabilities underflow to 0
-def test_label_smoothed_nll_equals_pytorch_cross_entropy_in_value_and_gradient(eps, sharpness):
+def test_label_smoothed_nll_equals_pytorch_cross_entropy_in_value_and_gradient(eps, sharpness, loss_fn):
     logits, target = _loss_inputs(2)
     logits = logits * sharpness
     ours = logits.double().requires_grad_(True)
     theirs = logits.double().requires_grad_(True)
-    loss, _ = label_smoothed_nll(ours, target, eps)
+    loss, _ = loss_fn(ours, target, eps)
     ref = F.cross_entropy(theirs.view(-1, 11), target.view(-1), ignore_index=0, label_smoothing=eps, reduction="sum")
     (2.5 * loss).backward()
     (2.5 * ref).backward()
@@ -86,27 +105,64 @@ def test_label_smoothed_nll_equals_pytorch_cross_entropy_in_value_and_gradient(e
     torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("sharpness", [1.0, 50.0])
+def test_fused_loss_equals_the_reference(eps, sharpness):
+    """attnkit.fast.loss against attnkit.nn.loss on the same inputs: loss, NLL and gradients, with and without
+    autograd, for the plain loss and the one fused with the output projection."""
+    logits, target = _loss_inputs(5)
+    logits = logits * sharpness
+    fused_in, ref_in = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    loss, nll = smoothed_cross_entropy(fused_in, target, eps)
+    ref_loss, ref_nll = label_smoothed_nll(ref_in, target, eps)
+    (1.5 * loss).backward()
+    (1.5 * ref_loss).backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(fused_in.grad, ref_in.grad, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        torch.testing.assert_close(smoothed_cross_entropy(logits, target, eps), (ref_loss.detach(), ref_nll))
+
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(3, 5, 8, generator=g)
+    weight = torch.randn(11, 8, generator=g) * sharpness / 8
+    h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    h2, w2 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss, nll = projected_smoothed_cross_entropy(h1, w1, target, eps)
+    ref_loss, ref_nll = projected_label_smoothed_nll(h2, w2, target, eps)
+    (1.5 * loss).backward()
+    (1.5 * ref_loss).backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.internals  # autograd's version counter and its message
 def test_label_smoothed_nll_refuses_a_second_backward():
+    """The fused loss turns its saved softmax into the gradient in place: a second backward is refused."""
     logits, target = _loss_inputs(3)
     logits.requires_grad_(True)
-    loss, _ = label_smoothed_nll(logits, target, 0.1)
+    loss, _ = smoothed_cross_entropy(logits, target, 0.1)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
 
 
+@pytest.mark.parametrize("projected_loss", PROJECTED, ids=LOSS_IDS)
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("sharpness", [1.0, 50.0])
-def test_projected_loss_equals_projection_then_pytorch_cross_entropy(eps, sharpness):
-    """The fused output projection + loss: same value, NLL and gradients (hidden states and weight) as logits
-    made for every position followed by ``F.cross_entropy``; padding rows get no gradient."""
+def test_projected_loss_equals_projection_then_pytorch_cross_entropy(eps, sharpness, projected_loss):
+    """The output projection + loss (the reference, and the fused one): same value, NLL and gradients (hidden
+    states and weight) as logits made for every position followed by ``F.cross_entropy``; padding rows get no
+    gradient."""
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(3, 5, 8, generator=g)
     weight = torch.randn(11, 8, generator=g) * sharpness / 8
     _, target = _loss_inputs(4)
     h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     h2, w2 = hidden.double().requires_grad_(True), weight.double().requires_grad_(True)
-    loss, nll = projected_smoothed_cross_entropy(h1, w1, target, eps)
+    loss, nll = projected_loss(h1, w1, target, eps)
     logits = (h2 @ w2.t()).view(-1, 11)
     ref = F.cross_entropy(logits, target.view(-1), ignore_index=0, label_smoothing=eps, reduction="sum")
     ref_nll = F.cross_entropy(logits.detach(), target.view(-1), ignore_index=0, reduction="sum")
@@ -119,31 +175,55 @@ def test_projected_loss_equals_projection_then_pytorch_cross_entropy(eps, sharpn
     torch.testing.assert_close(w1.grad.double(), w2.grad, rtol=1e-4, atol=1e-5)
     assert torch.all(h1.grad[target.eq(0)] == 0)
     with torch.no_grad():  # the path without autograd gives the same numbers
-        torch.testing.assert_close(projected_smoothed_cross_entropy(h1, w1, target, eps), (loss, nll))
+        torch.testing.assert_close(projected_loss(h1, w1, target, eps), (loss, nll))
 
 
-def test_transformer_training_loss_equals_loss_of_its_logits():
-    """``model(src, tgt_in, targets=...)`` (logits only at non-pad targets, fused with the loss) gives the
-    loss, NLL and parameter gradients of ``label_smoothed_nll(model(src, tgt_in))``."""
-    from attnkit.config import ModelConfig
+@pytest.mark.parametrize("tricks", [(), ("fused_loss",), fast.TRAINING], ids=["core", "fused_loss", "training"])
+def test_transformer_training_loss_equals_loss_of_its_logits(tricks):
+    """``model(src, tgt_in, targets=...).loss`` (the core's projection + loss, or the fast runtime's fused one that
+    makes logits only at non-pad targets) gives the loss, NLL and parameter gradients of
+    ``label_smoothed_nll(model(src, tgt_in).logits)``."""
     from attnkit.models import Transformer
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=2,
-                                    dropout=0.0, share_embeddings=True), 13, 13)
+    model = Transformer(TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=2,
+                                          dropout=0.0, share_embeddings=True), 13, 13)
+    fast.use(model, *tricks)
+    fused = "fused_loss" in tricks
+    assert (model.projected_loss is projected_smoothed_cross_entropy) == fused  # the trick is (not) installed
     src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
     tgt_in = torch.tensor([[1, 4, 5, 6, 7], [1, 9, 10, 0, 0]])
     tgt_out = torch.tensor([[4, 5, 6, 7, 2], [9, 10, 2, 0, 0]])
-    loss, nll = model(src, tgt_in, targets=tgt_out, label_smoothing=0.1)
+    out = model(src, tgt_in, targets=tgt_out, label_smoothing=0.1)
+    loss, nll = out.loss, out.nll
     loss.backward()
-    fused = {n: p.grad.clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    ref, ref_nll = label_smoothed_nll(model(src, tgt_in), tgt_out, 0.1)
+    ref, ref_nll = label_smoothed_nll(model(src, tgt_in).logits, tgt_out, 0.1)
     ref.backward()
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
     for name, param in model.named_parameters():
-        torch.testing.assert_close(fused[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fast_use_and_reference_keep_each_modules_train_or_eval_mode():
+    """``fast.use`` installs its tricks in place, results unchanged: a model in eval mode stays without dropout
+    (and ``fast.reference`` undoes them the same way)."""
+    from attnkit.models import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
+                                          dropout=0.3), 13, 13).eval()
+    src, tgt_in = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 4, 5, 6]])
+    with torch.no_grad():
+        before = model(src, tgt_in).logits
+        fast.use(model, *fast.TRAINING)
+        assert not any(m.training for m in model.modules())
+        torch.testing.assert_close(model(src, tgt_in).logits, before, rtol=1e-5, atol=1e-5)
+        fast.reference(model)
+        assert not any(m.training for m in model.modules())
+        assert torch.equal(model(src, tgt_in).logits, before)
 
 
 # --- mixed precision
@@ -427,22 +507,161 @@ def test_gradient_accumulation_equals_one_update_on_the_union(tmp_path):
     assert t.progress.step == 1 and t.progress.batch_in_epoch == 2
 
     # by hand: the same initial weights, one batch made of both micro-batches' examples
-    ref = t.task.build_model()
+    ref = t.build_model()  # the task's model with the same fast-runtime tricks as the trainer's
     ref.load_state_dict(before)
     first_two = token_batches(*t.task.lengths("train"), 200, seed=cfg.train.seed, epoch=0)[:2]
     b = t.task.batch("train", first_two[0] + first_two[1])
-    loss, _ = t.task.loss(ref, b, cfg.train.label_smoothing)
+    loss = ref(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=cfg.train.label_smoothing).loss
     (loss / b.n_tokens).backward()
     for n, p in ref.named_parameters():
         assert torch.allclose(p.grad, seen[n], atol=1e-6, rtol=1e-4), n
     one_batch = t.task.batch("train", first_two[0])  # and it is not just the first micro-batch's gradient
     ref.zero_grad()
-    loss, _ = t.task.loss(ref, one_batch, cfg.train.label_smoothing)
+    loss = ref(one_batch.src, one_batch.tgt_in, targets=one_batch.tgt_out,
+               label_smoothing=cfg.train.label_smoothing).loss
     (loss / one_batch.n_tokens).backward()
     assert not torch.allclose(ref.src_embed.tokens.weight.grad, seen["src_embed.tokens.weight"], atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/*.toml")), ids=lambda p: p.stem)
+# --- configs: one dataclass per model family
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+SHIPPED = {  # each shipped config and the dataclass its [model] table must become
+    "flickr8k_sat": ShowAttendTellConfig,
+    "flickr8k_transformer": TransformerCaptionerConfig,
+    "multi30k_en_de": TransformerConfig,
+    "multi30k_en_de_rnnencdec": RNNEncDecConfig,
+    "multi30k_en_de_rnnsearch": RNNSearchConfig,
+    "tatoeba_en_de_rnnencdec": RNNEncDecConfig,
+    "tatoeba_en_de_rnnsearch": RNNSearchConfig,
+    "tatoeba_en_de_transformer": TransformerConfig,
+    "tinyshakespeare_char": LMConfig,
+    "transfer_finetune_tinyshakespeare": LMConfig,
+    "transfer_pretrain_wikitext2": LMConfig,
+    "wikitext2_word": LMConfig,
+}
+
+
+def test_every_shipped_config_is_listed():
+    assert {p.stem for p in CONFIGS.glob("*.toml")} == set(SHIPPED)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.stem)
 def test_every_shipped_config_loads(path):
-    cfg = load_config(path)  # types, choices and cross-field checks
+    """Each shipped config loads (types, choices and cross-field checks) into its family's dataclass, with every
+    key of its [model] table read as written."""
+    import tomllib
+
+    cfg = load_config(path)
     assert cfg.name == path.stem
+    assert type(cfg.model) is SHIPPED[path.stem]
+    assert cfg.model.family == SHIPPED[path.stem].family
+    table = tomllib.loads(path.read_text(encoding="utf-8"))["model"]
+    for key, value in table.items():
+        got = getattr(cfg.model, key)
+        assert (list(got) if isinstance(got, tuple) else got) == value, key
+
+
+@pytest.mark.parametrize("family,key,new", [
+    ("rnnsearch", "d_ff", "hidden_size"),
+    ("rnnsearch", "d_model", "embedding_size"),
+    ("rnn_encdec", "d_ff", "hidden_size"),
+    ("show_attend_tell", "d_model", "hidden_size"),
+    ("show_attend_tell", "d_ff", "attention_size"),
+    ("transformer_lm", "n_decoder_layers", "n_layers"),
+])
+def test_a_0_1_model_table_in_a_user_config_names_the_new_key(tmp_path, capsys, family, key, new):
+    """A user config written for attnkit 0.1 (one [model] table for every family) is a one-line error naming the
+    file and the stale key, and saying what the family calls it now; ``attnkit train`` prints that line."""
+    from attnkit.cli import main
+
+    data = {"rnnsearch": "multi30k", "rnn_encdec": "multi30k", "show_attend_tell": "flickr8k",
+            "transformer_lm": "tinyshakespeare"}[family]
+    path = tmp_path / "old.toml"
+    path.write_text(f'name = "old"\n\n[model]\nfamily = "{family}"\n{key} = 512\ndropout = 0.3\n\n'
+                    f'[data]\nformat = "{data}"\n', encoding="utf-8")
+    with pytest.raises(AttnkitError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert str(path) in message and f"'{key}'" in message and f"'{new}'" in message
+    assert main(["train", str(path), "--run-dir", str(tmp_path / "run")]) == 2
+    printed = capsys.readouterr().err
+    assert printed == f"attnkit: error: {message}\n"
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_a_0_1_model_table_for_an_rnnsearch_is_refused_at_its_d_ff(tmp_path):
+    """The 0.1 [model] table of an rnnsearch as it was written (d_model, d_ff beside the RNN's keys): the error
+    names the file and d_ff, and says hidden_size."""
+    path = tmp_path / "rnnsearch_0_1.toml"
+    path.write_text('name = "rnnsearch_0_1"\n\n[model]\nfamily = "rnnsearch"\nattention_score = "additive"\n'
+                    'd_ff = 256\nd_model = 256\nn_encoder_layers = 1\nn_decoder_layers = 1\n\n'
+                    '[data]\nformat = "multi30k"\n', encoding="utf-8")
+    with pytest.raises(AttnkitError) as err:
+        load_config(path)
+    assert re.fullmatch(r"\S*rnnsearch_0_1\.toml\.model: unknown key 'd_ff': a rnnsearch model calls it 'hidden_size'",
+                        str(err.value)), str(err.value)  # one line: the file, the stale key, its new name
+    with pytest.raises(AttnkitError, match=r"'d_ff'.*'hidden_size'"):  # --set with the old name: the same hint
+        load_config(CONFIGS / "multi30k_en_de_rnnsearch.toml", ["model.d_ff=128"])
+
+
+@pytest.mark.parametrize("name,cls", [("multi30k_en_de_rnnsearch", RNNSearchConfig),
+                                      ("tatoeba_en_de_rnnencdec", RNNEncDecConfig)])
+def test_set_overrides_the_sizes_of_an_rnn_config(name, cls):
+    """``--set model.hidden_size=...`` (and embedding_size, layers) on an RNN config: the model built from it has
+    those sizes; the file's other keys stay."""
+    from attnkit.models import build_model
+
+    base = load_config(CONFIGS / f"{name}.toml")
+    cfg = load_config(CONFIGS / f"{name}.toml", ["model.hidden_size=48", "model.embedding_size=20",
+                                                  "model.n_decoder_layers=2", "model.dropout=0.0"])
+    assert type(cfg.model) is cls
+    assert (cfg.model.hidden_size, cfg.model.embedding_size, cfg.model.n_decoder_layers) == (48, 20, 2)
+    assert cfg.model.dropout == 0.0 and base.model.hidden_size != 48
+    assert dataclasses.replace(cfg.model, hidden_size=base.model.hidden_size, embedding_size=base.model.embedding_size,
+                               n_decoder_layers=base.model.n_decoder_layers, dropout=base.model.dropout) == base.model
+    assert cfg.model.width == 48  # the noam schedule scales by the GRU's width
+    model = build_model(cfg.model, 30, 30)
+    assert model.encoder.hidden_size == 48 and model.src_embed.embedding_dim == 20
+    assert model.init_h[0].out_features == 48 * 2  # one initial state per decoder layer
+    with pytest.raises(AttnkitError, match="model.hidden_size = 0 must be at least 1"):
+        load_config(CONFIGS / f"{name}.toml", ["model.hidden_size=0"])
+    with pytest.raises(AttnkitError, match="model.hidden_size: expected an integer"):
+        load_config(CONFIGS / f"{name}.toml", ["model.hidden_size=4.5"])
+
+
+def test_the_fast_runtime_trains_as_the_core_does(tmp_path, dates_pairs):
+    """Without dropout, training with ``train.fast = []`` (the core as the lectures read) and with the default
+    tricks (16-bit dropout, fused loss, fused and decoding attention) gives the same losses step by step and the same
+    validation loss. (Not bit-equal weights: Adam turns the rounding noise of a zero gradient, such as the key
+    projection's bias gets, into a full-size step of either sign.)"""
+    from attnkit.fast.dropout import Dropout16
+    from attnkit.nn.attention import MultiHeadAttention, reference_attention
+
+    core_tricks = load_config(None, ["train.fast=[]"]).train.fast  # as a config or --set writes it
+    assert core_tricks == () and TrainConfig().fast == fast.TRAINING
+    valid = generate_dates(20, seed=1)
+    runs = {}
+    for name, tricks in (("core", core_tricks), ("fast", TrainConfig().fast)):
+        cfg = tiny_experiment(max_steps=5, log_every=1, fast=tricks, save_every=0)
+        cfg.model = dataclasses.replace(cfg.model, dropout=0.0)
+        run = tmp_path / name
+        if runs:  # the same tokenizer, not a retrained one
+            run.mkdir()
+            shutil.copy(tmp_path / "core" / "spm.model", run / "spm.model")
+        trainer = Trainer(cfg, run, train_pairs=dates_pairs, valid_pairs=valid)
+        kernels = {m.kernel is reference_attention for m in trainer.model.modules()
+                   if isinstance(m, MultiHeadAttention)}
+        assert kernels == {name == "core"}  # the fast run really runs the fast attention, the core run the core's
+        assert (trainer.model.projected_loss is projected_smoothed_cross_entropy) == (name == "fast")
+        assert any(isinstance(m, Dropout16) for m in trainer.model.modules()) == (name == "fast")
+        result = trainer.train()
+        losses = [r["train_nll"] for r in read_metrics(run) if "train_nll" in r]
+        runs[name] = losses, result["valid_loss"]
+    (core, core_valid), (quick, quick_valid) = runs["core"], runs["fast"]
+    assert len(core) == len(quick) == 5
+    assert len(set(core)) == 5  # the loss moves: the steps did train
+    for step, (a, b) in enumerate(zip(core, quick), 1):
+        assert math.isclose(a, b, rel_tol=1e-5), (step, a, b)
+    assert math.isclose(core_valid, quick_valid, rel_tol=1e-5)

@@ -1,3 +1,17 @@
-"""attnkit: attention-based sequence models, faithful to the papers and fast on a CPU."""
+"""attnkit: attention-based sequence models, faithful to the papers and fast on a CPU.
 
-__version__ = "0.1.0"
+``attnkit.load(path)`` returns a trained model ready to translate, generate, caption, score and show its
+attention (:mod:`attnkit.api`). Importing attnkit itself imports nothing heavy (not even torch).
+"""
+
+__version__ = "0.2.0"
+
+
+def load(path):
+    """A trained model from a run or checkpoint directory: :func:`attnkit.api.load`."""
+    from attnkit.api import load as load_model
+
+    return load_model(path)
+
+
+__all__ = ["__version__", "load"]

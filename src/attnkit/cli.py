@@ -1,19 +1,30 @@
 """attnkit: train, decode, evaluate and show attention-based sequence models.
 
 Subcommands: train, translate, evaluate, align, plot-by-length, caption, generate, embed, average,
-export, import-marian, demo, bench. Every user error (bad config key, misaligned files, broken checkpoint)
-ends as one line on stderr and exit status 2.
+export, import-marian, demo, serve, bench. Every user error (bad config key, misaligned files, broken checkpoint)
+ends as one line on stderr and exit status 2, checked before any work where it can be (option ranges, output
+paths); OS and file-format errors (a missing file, a directory, a full disk, a broken gzip) become such lines in
+one place (main, attnkit.errors.describe). Anything else is a bug in attnkit: one line saying so and exit status 1,
+the traceback with ATTNKIT_DEBUG=1. Nothing is replaced unless asked: `train` into a run directory with
+checkpoints needs --resume or --overwrite, `average` never writes over an input or a non-empty directory without
+--overwrite. Decoding refuses a source longer than [decode] max_source_tokens.
+Every subcommand takes --threads N; without it torch runs on the
+cores no other process keeps busy (attnkit.threads). `attnkit translate` streams: each line read from a pipe or
+a terminal is translated and written (flushed) before the next is waited for.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
 import sys
 from pathlib import Path
 
+from attnkit import __version__
 from attnkit.errors import AttnkitError
-from attnkit.memory import keep_freed_memory
+from attnkit.fast.memory import keep_freed_memory
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -27,20 +38,62 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args) -> int:
+    import torch
+
     from attnkit.config import load_config
     from attnkit.train import Trainer
 
-    cfg = load_config(args.config, args.set)
+    overrides = args.set + ([f"train.threads={args.threads}"] if args.threads else [])  # --threads wins
+    cfg = load_config(args.config, overrides)
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
-    trainer = Trainer(cfg, run_dir, data_dir=args.data_dir)
-    if args.resume:
-        trainer.resume(args.resume if args.resume != "last" else run_dir)
+    _check_run_dir(args, run_dir)
+    created = not run_dir.exists()
+    try:
+        trainer = Trainer(cfg, run_dir, data_dir=args.data_dir)
+        if args.resume:
+            trainer.resume(args.resume if args.resume != "last" else run_dir)
+    except BaseException:
+        if created:  # refused before training started: leave no run directory behind
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     n_params = sum(p.numel() for p in trainer.model.parameters())
     print(f"{cfg.name}: {n_params / 1e6:.1f}M parameters, {len(trainer.task.lengths('train')[0])} training examples, "
-          f"run dir {run_dir}", file=sys.stderr)
+          f"run dir {run_dir}, {torch.get_num_threads()} threads", file=sys.stderr)
     result = trainer.train()
     print(json.dumps(result))
     return 0
+
+
+def _check_run_dir(args, run_dir: Path) -> None:
+    """Nothing of an existing run is replaced unless asked: a run directory with checkpoints needs --resume
+    (continue it) or --overwrite (start again, its checkpoints and metrics removed). Checked before any work."""
+    overwrite = getattr(args, "overwrite", False)
+    if args.resume and overwrite:
+        raise AttnkitError("--resume and --overwrite: give one (continue the run, or start it again)")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise AttnkitError(f"--run-dir {run_dir}: exists and is not a directory")
+    ckpts = run_dir / "checkpoints"
+    has_checkpoints = ckpts.is_dir() and any(not p.name.startswith(".") for p in ckpts.iterdir())
+    if args.resume:
+        if args.resume == "last":
+            if not has_checkpoints:
+                raise AttnkitError(f"--resume: {run_dir} has no checkpoints to resume from (train without --resume)")
+        else:
+            from attnkit.checkpoint import resolve_checkpoint
+
+            resolve_checkpoint(args.resume)
+        return
+    if has_checkpoints:
+        if not overwrite:
+            raise AttnkitError(f"--run-dir {run_dir}: already holds checkpoints; pass --resume to continue that run "
+                               "or --overwrite to replace it")
+        import shutil
+
+        shutil.rmtree(ckpts)
+        for name in ("metrics.jsonl", "config.toml"):
+            (run_dir / name).unlink(missing_ok=True)
 
 
 def _read_input(path: str | None) -> list[str]:
@@ -48,45 +101,197 @@ def _read_input(path: str | None) -> list[str]:
 
     if path and path != "-":
         return read_lines(path)
-    return [line.rstrip("\n") for line in sys.stdin]
+    return [line for chunk in StreamLines() for line in chunk]
+
+
+class StreamLines:
+    """The lines of a file descriptor (default stdin) in chunks: each chunk is what has arrived by then.
+
+    Iterating waits for one whole line (or the end), then takes every further line that can be read without
+    waiting (``select`` on the descriptor), up to about ``max_tokens`` source tokens (whitespace words + 1 per
+    line, a stand-in for the tokenizer's count). Typed or piped one at a time, a line is a chunk of its own; a
+    piped file comes in chunks of about a batch. Lines must be UTF-8: anything else is an AttnkitError naming
+    the line."""
+
+    def __init__(self, fd: int | None = None, max_tokens: int = 4000, name: str = "stdin"):
+        if fd is None:
+            try:
+                fd = sys.stdin.fileno()
+            except (AttributeError, OSError, ValueError):
+                raise AttnkitError(f"{name}: no standard input to read (give --input FILE)") from None
+        self.fd = fd
+        self.max_tokens, self.name = max_tokens, name
+        self.buffer, self.eof, self.line_number = b"", False, 0
+
+    def _ready(self) -> bool:
+        try:
+            return bool(select.select([self.fd], [], [], 0)[0])
+        except (OSError, ValueError):  # a descriptor select cannot wait on: read only when a line is needed
+            return False
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except OSError as e:
+            raise AttnkitError(f"{self.name}: cannot read ({e.strerror})") from None
+        if data:
+            self.buffer += data
+        else:
+            self.eof = True
+
+    def _decode(self, raw: bytes) -> str:
+        self.line_number += 1
+        try:
+            return raw.decode("utf-8").removesuffix("\r")
+        except UnicodeDecodeError as e:
+            raise AttnkitError(f"{self.name}: line {self.line_number} is not UTF-8 (byte 0x{raw[e.start]:02x} at "
+                               f"byte {e.start + 1} of the line)") from None
+
+    def __iter__(self):
+        while True:
+            chunk, tokens = [], 0
+            while tokens < self.max_tokens:
+                end = self.buffer.find(b"\n")
+                if end >= 0:
+                    line = self._decode(self.buffer[:end])
+                    self.buffer = self.buffer[end + 1:]
+                    chunk.append(line)
+                    tokens += len(line.split()) + 1
+                elif self.eof:
+                    if self.buffer:  # a last line without its newline
+                        chunk.append(self._decode(self.buffer))
+                        self.buffer = b""
+                    break
+                elif chunk and not self._ready():
+                    break
+                else:
+                    self._read()
+            if not chunk:
+                return
+            yield chunk
+
+
+def _check_decode_args(args) -> None:
+    """The decoding options' ranges, checked before anything is loaded or read."""
+    import math
+
+    if args.beam is not None and args.beam < 1:
+        raise AttnkitError(f"--beam {args.beam}: expected a beam size of at least 1 (1 = greedy)")
+    if getattr(args, "n_best", 1) < 1:
+        raise AttnkitError(f"--n-best {args.n_best}: expected at least 1")
+    if args.beam is not None and getattr(args, "n_best", 1) > args.beam:
+        raise AttnkitError(f"--n-best {args.n_best}: more than --beam {args.beam} hypotheses are never kept")
+    if getattr(args, "batch_tokens", 1) < 1:
+        raise AttnkitError(f"--batch-tokens {args.batch_tokens}: expected a positive number of tokens")
+    if getattr(args, "len_penalty", None) is not None and not math.isfinite(args.len_penalty):
+        raise AttnkitError(f"--len-penalty {args.len_penalty}: expected a finite number")
+
+
+def _check_output(path: str | Path | None, option: str = "--output", directory: bool = False) -> None:
+    """That ``path`` can be written (a file, or with ``directory`` a directory), checked before any work so that
+    no test set is translated for an output that cannot be kept. Nothing is created."""
+    if path is None or str(path) == "-":
+        return
+    p = Path(path)
+    if str(path) == "":
+        raise AttnkitError(f"{option}: an empty path")
+    if p.is_dir() and not directory:
+        raise AttnkitError(f"{option} {p}: is a directory, where a file is expected")
+    if directory and p.exists() and not p.is_dir():
+        raise AttnkitError(f"{option} {p}: exists and is not a directory")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise AttnkitError(f"{option} {p}: permission denied")
+        return
+    parent = p.parent
+    if directory:  # made with its parents: the nearest existing ancestor decides
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+    if not parent.exists():
+        raise AttnkitError(f"{option} {p}: its directory {parent} does not exist")
+    if not parent.is_dir():
+        raise AttnkitError(f"{option} {p}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise AttnkitError(f"{option} {p}: cannot write in {parent} (permission denied)")
+
+
+def _check_source_lengths(lines: list[str], tokenizer, limit: int, name: str, first_line: int = 1) -> None:
+    """Bounded work: a source line longer than ``limit`` subwords ([decode] max_source_tokens) is refused with
+    one line naming it, instead of minutes of decoding."""
+    for i, line in enumerate(lines, first_line):
+        if len(line) < limit:  # a subword covers at least one character (and one word marker)
+            continue
+        n = len(tokenizer.encode([line])[0])
+        if n > limit:
+            raise AttnkitError(f"{name}:{i}: {n} source tokens, more than decode.max_source_tokens = {limit} "
+                               "(raise it with a checkpoint config edit, or split the line)")
 
 
 def _decode_options(args, cfg) -> dict:
+    beam = args.beam or cfg.decode.beam_size
+    if getattr(args, "n_best", 1) > beam:
+        raise AttnkitError(f"--n-best {args.n_best}: more than the beam size ({beam}, the checkpoint's "
+                           "decode.beam_size) hypotheses are never kept; raise --beam")
     return dict(beam_size=args.beam or cfg.decode.beam_size,
                 len_penalty=cfg.decode.len_penalty if args.len_penalty is None else args.len_penalty,
                 max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b, batch_tokens=args.batch_tokens,
                 n_best=args.n_best)
 
 
-def _load_for_decoding(args, sentences: int):
-    """load_checkpoint(--checkpoint), with the decoding step compiled under --compile: the search steps ahead of
-    time (AOTInductor), the encoder by torch.compile, its weights frozen unless one sentence is decoded greedily."""
-    from attnkit.decode import compile_step
-    from attnkit.train import load_checkpoint
+def _load_for_decoding(args, sentences: int, capability: str = "translate"):
+    """The checkpoint of ``--checkpoint`` (one line and exit 2 unless its family can ``capability``) -> (its fast
+    decoder, config, tokenizers, checkpoint dir). With --compile the search steps are compiled ahead of time
+    (AOTInductor) and the encoder by torch.compile, the weights frozen unless one sentence is decoded greedily."""
+    from attnkit.api import load
 
-    model, cfg, *rest = load_checkpoint(args.checkpoint)
-    if args.compile:
-        beam = args.beam or cfg.decode.beam_size
-        model = compile_step(model, freeze=beam > 1 or sentences > 1, ahead_of_time=True)
-    return model, cfg, *rest
+    _check_decode_args(args)
+    model = load(args.checkpoint)
+    model.module.require(capability)
+    if getattr(args, "compile", False):
+        beam = args.beam or model.config.decode.beam_size
+        model.compile(freeze=beam > 1 or sentences > 1)
+    return model.decoder, model.config, model.tokenizers, model.path
 
 
 def cmd_translate(args) -> int:
+    """Streams: each chunk of input lines (all of --input FILE, or what stdin has ready, see StreamLines) is
+    translated as one batch and its translations written and flushed before the next is read."""
     from attnkit.decode import translate
 
-    sources = _read_input(args.input)
-    model, cfg, toks, _ = _load_for_decoding(args, len(sources))
-    lines = []
-    for t in translate(model, toks, sources, **_decode_options(args, cfg)):
-        if args.n_best > 1:
-            lines += [f"{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, t.text)]
-        else:
-            lines.append(t.text[0])
-    text = "".join(line + "\n" for line in lines)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+    _check_decode_args(args)
+    _check_output(args.output)
+    if args.input and args.input != "-":
+        sources = _read_input(args.input)
+        chunks, expected = [sources], len(sources)
     else:
-        sys.stdout.write(text)
+        chunks, expected = StreamLines(max_tokens=args.batch_tokens), 2  # a stream: likely more than one line
+    model, cfg, toks, _ = _load_for_decoding(args, expected)
+    options = _decode_options(args, cfg)
+    limit, name = cfg.decode.max_source_tokens, args.input if args.input and args.input != "-" else "stdin"
+    if args.input and args.input != "-":
+        _check_source_lengths(sources, toks.src, limit, name)  # before --output is opened (and emptied)
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except OSError as e:
+        raise AttnkitError(f"--output {args.output}: cannot write ({e.strerror})") from None
+    try:
+        done = 0
+        for chunk in chunks:
+            _check_source_lengths(chunk, toks.src, limit, name, done + 1)
+            done += len(chunk)
+            lines = []
+            for t in translate(model, toks, chunk, **options):
+                if args.n_best > 1:
+                    lines += [f"{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, t.text)]
+                else:
+                    lines.append(t.text[0])
+            out.write("".join(line + "\n" for line in lines))
+            out.flush()
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a filter does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    finally:
+        if out is not sys.stdout:
+            out.close()
     return 0
 
 
@@ -95,11 +300,16 @@ def cmd_evaluate(args) -> int:
     from attnkit.decode import translate
     from attnkit.evaluate import bleu, bleu_by_length, chrf
 
+    _check_decode_args(args)
+    _check_output(args.output)
+    _check_output(args.json, "--json")
     sources, refs = read_lines(args.src), read_lines(args.ref)
     if len(sources) != len(refs):
         raise AttnkitError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
     model, cfg, toks, path = _load_for_decoding(args, len(sources))
-    hyps = [t.text[0] for t in translate(model, toks, sources, **_decode_options(args, cfg))]
+    options = _decode_options(args, cfg)
+    _check_source_lengths(sources, toks.src, cfg.decode.max_source_tokens, args.src)
+    hyps = [t.text[0] for t in translate(model, toks, sources, **options)]
     b, c = bleu(hyps, refs), chrf(hyps, refs)
     print(b)
     print(c)
@@ -129,17 +339,23 @@ def _length_edges(text: str) -> tuple[int, ...]:
 
 
 def cmd_align(args) -> int:
-    from attnkit.decode import align
-    from attnkit.train import load_checkpoint
+    from attnkit.api import load
     from attnkit.viz import plot_attention
 
-    model, cfg, toks, _ = load_checkpoint(args.checkpoint)
-    if cfg.data.format == "flickr8k" or cfg.model.family == "transformer_lm":
-        raise AttnkitError(f"{args.checkpoint}: not a translation model (model.family = {cfg.model.family!r}); "
-                           "a captioner's attention: attnkit caption --show-attention")
-    a = align(model, toks, args.src, beam_size=args.beam or cfg.decode.beam_size, len_penalty=cfg.decode.len_penalty,
-              max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b, layer=args.layer, head=args.head)
-    png = plot_attention(a.weights, a.source, a.target, args.output, title=a.description)  # words on the axes
+    if args.beam is not None and args.beam < 1:
+        raise AttnkitError(f"--beam {args.beam}: expected a beam size of at least 1 (1 = greedy)")
+    for option in ("layer", "head"):
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            raise AttnkitError(f"--{option} {getattr(args, option)}: expected a number from 1")
+    _check_output(args.output)
+    model = load(args.checkpoint)
+    if "align" not in model.capabilities:
+        hint = "; a captioner's attention: attnkit caption --show-attention" if "caption" in model.capabilities else ""
+        raise AttnkitError(f"{args.checkpoint}: a {model.family} model has no alignment to show{hint}")
+    _check_source_lengths([args.src], model.tokenizers.src, model.config.decode.max_source_tokens, "--src")
+    a = model.align(args.src, beam=args.beam, layer=args.layer, head=args.head)
+    plot_attention(a.weights, a.source, a.target, args.output, title=a.description)  # words on the axes
+    png = args.output
     print(a.translation)
     print(f"{a.description}: {png}", file=sys.stderr)
     return 0
@@ -153,6 +369,10 @@ def _by_length_rows(path: str) -> dict[str, list[dict]]:
         raise AttnkitError(f"{path}: file not found") from None
     except json.JSONDecodeError as e:
         raise AttnkitError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise AttnkitError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    if not isinstance(data, dict):
+        raise AttnkitError(f"{path}: expected a JSON object with by_length rows, got a {type(data).__name__}")
     if isinstance(data.get("systems"), dict):
         systems = {name: s["by_length"] for name, s in data["systems"].items() if s.get("by_length")}
     else:
@@ -166,6 +386,7 @@ def _by_length_rows(path: str) -> dict[str, list[dict]]:
 def cmd_plot_by_length(args) -> int:
     from attnkit.viz import plot_bleu_by_length
 
+    _check_output(args.output)
     systems: dict[str, list[dict]] = {}
     for path in args.results:
         for name, rows in _by_length_rows(path).items():
@@ -174,7 +395,8 @@ def cmd_plot_by_length(args) -> int:
         if len(args.labels) != len(systems):
             raise AttnkitError(f"--labels gives {len(args.labels)} names for {len(systems)} systems")
         systems = dict(zip(args.labels, systems.values()))
-    print(plot_bleu_by_length(systems, args.output, title=args.title))
+    plot_bleu_by_length(systems, args.output, title=args.title)
+    print(args.output)
     return 0
 
 
@@ -187,22 +409,20 @@ def cmd_bench(args) -> int:
 def cmd_caption(args) -> int:
     import torch
 
+    from attnkit.api import load
     from attnkit.data import load_image
-    from attnkit.decode import caption
-    from attnkit.nn.vision import grid_shape, load_pretrained, normalize
-    from attnkit.train import load_checkpoint
+    from attnkit.nn.vision import grid_shape
     from attnkit.viz import plot_caption_attention
 
-    model, cfg, vocab, _ = load_checkpoint(args.checkpoint)
-    if cfg.data.format != "flickr8k":
-        raise AttnkitError(f"{args.checkpoint}: not a captioning checkpoint (data.format = {cfg.data.format!r})")
-    encoder = load_pretrained(cfg.data.image_grid).eval()
+    if args.beam is not None and args.beam < 1:
+        raise AttnkitError(f"--beam {args.beam}: expected a beam size of at least 1 (1 = greedy)")
+    _check_output(args.show_attention, "--show-attention", directory=True)
+    model = load(args.checkpoint)
+    model.module.require("caption")
+    cfg, vocab = model.config, model.tokenizers
     _, h, w = grid_shape(cfg.data.image_grid)
     images = [load_image(p) for p in args.images]
-    with torch.no_grad():
-        grids = encoder.forward_features(normalize(torch.stack(images))).flatten(2).transpose(1, 2)
-    results = caption(model, vocab, grids, beam_size=args.beam or cfg.decode.beam_size,
-                      len_penalty=cfg.decode.len_penalty, max_len=cfg.decode.max_caption_len, need_weights=True)
+    results = model.caption(args.images, beam=args.beam, details=True)
     for path, image, c in zip(args.images, images, results):
         print(f"{path}\t{c.text[0]}")
         if args.show_attention:
@@ -216,21 +436,24 @@ def cmd_caption(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from attnkit.decode import complete
-    from attnkit.train import load_checkpoint
+    import math
 
-    if args.max_new_tokens < 0 or args.temperature < 0 or args.top_k < 0 or not 0 < args.top_p <= 1:
-        raise AttnkitError("--max-new-tokens, --temperature and --top-k must be >= 0, --top-p in (0, 1]")
-    model, cfg, tokenizer, _ = load_checkpoint(args.checkpoint)
-    if cfg.model.family != "transformer_lm":
-        raise AttnkitError(f"{args.checkpoint}: not a language model (model.family = {cfg.model.family!r})")
+    from attnkit.api import load
+
+    if args.max_new_tokens < 0 or not args.temperature >= 0 or args.top_k < 0 or not 0 < args.top_p <= 1 \
+            or not math.isfinite(args.temperature):
+        raise AttnkitError("--max-new-tokens, --temperature and --top-k must be >= 0 (the temperature finite), "
+                           "--top-p in (0, 1]")
+    model = load(args.checkpoint)
+    model.module.require("generate")
+    _check_source_lengths([args.prompt], model.tokenizers, model.config.decode.max_source_tokens, "--prompt")
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    complete(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-             on_text=write)
+    model.generate(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                   on_text=write)
     write("\n")
     return 0
 
@@ -247,6 +470,9 @@ def cmd_embed(args) -> int:
         raise AttnkitError("no text to embed: give TEXT arguments or lines on stdin")
     if args.output and Path(args.output).suffix not in (".npy", ".safetensors"):
         raise AttnkitError(f"--output {args.output}: expected a .npy or .safetensors file")
+    if args.batch_size < 1:
+        raise AttnkitError(f"--batch-size {args.batch_size}: expected a positive number")
+    _check_output(args.output)
     directory = Path(args.checkpoint) if args.checkpoint else minilm_dir()
     model, tokenizer = load_bert(directory), WordPiece.from_pretrained(directory)
     with torch.no_grad():
@@ -269,7 +495,7 @@ def cmd_embed(args) -> int:
 def cmd_average(args) -> int:
     from attnkit.train import average_checkpoints
 
-    out = average_checkpoints([Path(p) for p in args.checkpoints], Path(args.output))
+    out = average_checkpoints([Path(p) for p in args.checkpoints], Path(args.output), overwrite=args.overwrite)
     print(out)
     return 0
 
@@ -286,6 +512,10 @@ def cmd_export(args) -> int:
 def cmd_import_marian(args) -> int:
     from attnkit.export import import_marian
 
+    out = Path(args.output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise AttnkitError(f"--output {out}: not an empty directory; the imported checkpoint would replace it")
+    _check_output(out, directory=True)
     print(import_marian(args.hf_dir, args.output))
     return 0
 
@@ -293,11 +523,40 @@ def cmd_import_marian(args) -> int:
 def cmd_demo(args) -> int:
     from attnkit.demo import run_demo
 
-    return run_demo(Path(args.run_dir), minutes=args.minutes)
+    if args.steps is not None and args.steps < 1:
+        raise AttnkitError(f"--steps {args.steps}: expected a positive number of training steps")
+    return run_demo(Path(args.run_dir), minutes=args.minutes, max_steps=args.steps)
+
+
+def cmd_serve(args) -> int:
+    from attnkit.serve import Settings, serve
+
+    for name in ("port", "max_batch_tokens", "queue_size", "max_source_tokens"):
+        if getattr(args, name) < 1 or (name == "port" and args.port > 65535):
+            raise AttnkitError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a positive number"
+                               + (" up to 65535" if name == "port" else ""))
+    if args.max_wait_ms < 0 or args.timeout <= 0:
+        raise AttnkitError("--max-wait-ms must be >= 0 and --timeout > 0")
+    settings = Settings(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("ATTNKIT_API_KEY")
+                        or None, max_wait_ms=args.max_wait_ms, max_batch_tokens=args.max_batch_tokens,
+                        queue_size=args.queue_size, timeout=args.timeout, max_source_tokens=args.max_source_tokens)
+    return serve(args.models, settings)
+
+
+def cmd_data_fetch(args) -> int:
+    from attnkit.data.fetch import fetch, sources
+
+    if args.list:
+        print("\n".join(sources(args.names)))
+        return 0
+    for line in fetch(args.names, args.data_dir, args.source, overwrite=args.overwrite, timeout=args.timeout):
+        print(line)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model from a TOML config")
@@ -306,6 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="default: runs/<name>")
     p.add_argument("--data-dir", help="default: $ATTNKIT_DATA, then ../shared/data")
     p.add_argument("--resume", nargs="?", const="last", help="continue from a checkpoint (default: the run's last)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start again in a run directory that holds checkpoints, removing them (default: refuse)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("translate", help="translate stdin (or --input) to stdout (or --output)")
@@ -343,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", required=True)
     p.add_argument("--labels", nargs="+", help="one name per system (default: the file names)")
     p.add_argument("--title", default="")
-    p.set_defaults(func=cmd_plot_by_length)
+    p.set_defaults(func=cmd_plot_by_length, needs_torch=False)
 
     p = sub.add_parser("caption", help="caption images with a Show-Attend-Tell or Transformer captioner")
     p.add_argument("--checkpoint", required=True)
@@ -372,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("average", help="average the weights of checkpoints")
     p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--output", "-o", required=True)
+    p.add_argument("--output", "-o", required=True, help="a new (or empty) directory; never one of the inputs")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --output")
     p.set_defaults(func=cmd_average)
 
     p = sub.add_parser("export", help="write a Transformer checkpoint as a Hugging Face MarianMTModel, a "
@@ -387,10 +649,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", required=True, help="the checkpoint directory to write")
     p.set_defaults(func=cmd_import_marian)
 
+    p = sub.add_parser("serve", help="serve trained models over HTTP (FastAPI), with the attention explorer at /")
+    p.add_argument("models", nargs="+", metavar="RUN_OR_CHECKPOINT",
+                   help="run or checkpoint directories, each optionally NAME=PATH (the first is the default model)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1; anything but "
+                                                       "loopback needs an API key)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="required of clients on /v1/* and /metrics (default: "
+                                                   "$ATTNKIT_API_KEY; none on loopback)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="how long a request may wait for others to share its batch (default 5)")
+    p.add_argument("--max-batch-tokens", type=int, default=4000, help="source tokens per batch (default 4000)")
+    p.add_argument("--queue-size", type=int, default=256,
+                   help="requests admitted at once, waiting or decoding; more are answered 429 (default 256)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may take; then 504 (default 30)")
+    p.add_argument("--max-source-tokens", type=int, default=256,
+                   help="tokens per source sentence; longer ones are answered 413 (default 256)")
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("demo", help="train a small Transformer on dates -> ISO dates, show its attention")
     p.add_argument("--run-dir", default="runs/demo")
     p.add_argument("--minutes", type=float, default=2.5)
+    p.add_argument("--steps", type=int, default=None,
+                   help="stop after this many training steps (default: the demo's 3000, or --minutes first)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("data", help="data sets (data fetch)")
+    data = p.add_subparsers(dest="data", required=True)
+    p = data.add_parser("fetch", help="download data sets from upstream into the data directory, checksums verified")
+    p.add_argument("names", nargs="+", metavar="NAME",
+                   choices=("multi30k", "tatoeba", "flickr8k", "tinyshakespeare", "wikitext2", "all"),
+                   help="multi30k, tatoeba, flickr8k, tinyshakespeare, wikitext2, or all")
+    p.add_argument("--data-dir", help="default: $ATTNKIT_DATA, then ../shared/data")
+    p.add_argument("--source", metavar="URL", help="a mirror (http(s)://, file:// or a directory) holding each "
+                                                   "file at URL/HOST/PATH of its upstream URL (default: "
+                                                   "$ATTNKIT_DATA_MIRROR, else upstream)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing files whose checksum differs")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a server (default 60)")
+    p.add_argument("--list", action="store_true", help="print each upstream URL, its checksum and target; "
+                                                       "download nothing")
+    p.set_defaults(func=cmd_data_fetch, needs_torch=False)
 
     p = sub.add_parser("bench", help="measurements (bench complexity)")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -402,6 +700,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="the figure (default: the JSON's name with .png)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the timings (default 1)")
     p.set_defaults(func=cmd_bench)
+    return _add_threads_option(parser)
+
+
+def _add_threads_option(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give every subcommand (every parser without subcommands of its own) a --threads option, unless it
+    has one already (bench complexity: its own default of 1)."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        if not any("--threads" in a.option_strings for a in parser._actions):
+            parser.add_argument("--threads", type=int, default=None, metavar="N",
+                                help="CPU threads for torch (default: the cores no other process keeps busy, "
+                                     "or OMP_NUM_THREADS; see attnkit.threads)")
+        return parser
+    seen: set[int] = set()
+    for action in subcommands:
+        for sub in action.choices.values():
+            if id(sub) not in seen:  # aliases share a parser
+                seen.add(id(sub))
+                _add_threads_option(sub)
     return parser
 
 
@@ -409,10 +726,39 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     keep_freed_memory()
     try:
+        if getattr(args, "threads", None) is not None and args.threads < 1:
+            raise AttnkitError(f"--threads {args.threads}: expected a positive number of threads")
+        if getattr(args, "needs_torch", True):
+            from attnkit.threads import configure
+
+            configure(getattr(args, "threads", None))  # before any work: see attnkit.threads for the default
         return args.func(args)
-    except AttnkitError as e:
-        print(f"attnkit: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # the one place errors become lines: AttnkitError, OS and file-format errors, bugs
+        return _report(e)
+
+
+def _report(e: Exception) -> int:
+    """Print one line for ``e`` and return the exit status: 2 for the user's or the machine's errors (bad input,
+    a missing file, a full disk, a broken gzip), 1 for a bug in attnkit, whose traceback is printed only with
+    ATTNKIT_DEBUG=1."""
+    from attnkit.errors import REPORT_BUGS, describe
+
+    line = describe(e)
+    if line is not None:
+        if os.environ.get("ATTNKIT_DEBUG"):
+            import traceback
+
+            traceback.print_exception(e, file=sys.stderr)
+        print(f"attnkit: error: {line.replace(chr(10), ' ')}", file=sys.stderr)
+        return 2
+    if os.environ.get("ATTNKIT_DEBUG"):
+        import traceback
+
+        traceback.print_exception(e, file=sys.stderr)
+    detail = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    print(f"attnkit: internal error (a bug in attnkit, please report it to {REPORT_BUGS}): {detail}",
+          file=sys.stderr)
+    return 1

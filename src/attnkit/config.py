@@ -9,43 +9,185 @@ error naming the file and the key.
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
-
 from attnkit.errors import AttnkitError
+
+# --- the model families: one dataclass each, whose fields mean one thing
 
 
 @dataclass
-class ModelConfig:
-    # rnn_encdec, rnnsearch: d_model is the word embedding size, d_ff the GRU hidden size (see models/rnn.py)
+class TransformerConfig:
+    """The Transformer encoder-decoder (Vaswani et al. 2017); ``preset`` "base", "big" (the paper), "small", "tiny"."""
+
     family: str = "transformer"
-    preset: str = ""  # "base", "big" (the paper), "small", "tiny"; "lm_tiny" .. "gpt2_small": see PRESETS
+    preset: str = ""
     d_model: int = 256
     n_heads: int = 4
-    d_ff: int = 1024
+    d_ff: int = 1024  # the position-wise feed-forward layer's inner width
     n_encoder_layers: int = 3
-    n_decoder_layers: int = 3  # transformer_lm: its depth
+    n_decoder_layers: int = 3
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0  # inside the FFN; off in the paper, and costly on a CPU (the d_ff-wide tensor)
     activation: str = "relu"
-    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN (the lm_* presets)
-    layer_norm_eps: float = 1e-5  # BERT's weights were trained with 1e-12
+    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
     positional: str = "sinusoidal"  # or "learned"
     max_positions: int = 1024
-    share_embeddings: bool = True  # source/target embeddings and output projection tied (needs a joint vocabulary)
-    # captioners: image features come as a grid of d_feature-channel cells
+    share_embeddings: bool = True  # source/target embeddings and output layer tied (needs a joint vocabulary)
+
+    @property
+    def width(self) -> int:
+        """The model width the "noam" learning-rate schedule scales by."""
+        return self.d_model
+
+
+@dataclass
+class ConvTransformerConfig(TransformerConfig):
+    """A convolutional encoder (``n_encoder_layers`` gated convolution blocks of kernel width ``conv_kernel``)
+    in place of the Transformer's self-attention encoder; the decoder is the Transformer's."""
+
+    family: str = "conv_transformer"
+    conv_kernel: int = 3  # odd: the convolutions are centred
+
+
+@dataclass
+class TransformerCaptionerConfig:
+    """Self-attention over an image grid of ``d_feature``-channel cells, then the Transformer decoder."""
+
+    family: str = "transformer_captioner"
+    preset: str = ""
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 3
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "relu"
+    norm_first: bool = False
+    positional: str = "sinusoidal"  # of the caption's words; each grid cell has a learned position
+    max_positions: int = 1024
     d_feature: int = 1280
-    attention_score: str = "additive"  # show_attend_tell, rnnsearch: additive (Bahdanau), general, dot, scaled_dot
-    attention_penalty: float = 1.0  # show_attend_tell: lambda of the doubly stochastic regulariser
-    conv_kernel: int = 3  # conv_transformer: the convolutional encoder's kernel width k (odd)
-    # transformer_lm: cutoffs of an adaptive softmax (Grave et al. 2017), e.g. [2000, 10000]: the frequent words
-    # get a full-width softmax, rarer ones narrower clusters. Empty: one softmax over the whole vocabulary.
-    # With share_embeddings the input embedding is adaptive too and shares the softmax's weights.
+
+    @property
+    def width(self) -> int:
+        return self.d_model
+
+
+@dataclass
+class LMConfig:
+    """A decoder-only Transformer language model (GPT); ``preset`` "lm_tiny" .. "gpt2_small"."""
+
+    family: str = "transformer_lm"
+    preset: str = ""
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    n_layers: int = 4
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "gelu"
+    norm_first: bool = True  # pre-LN, as GPT-2
+    layer_norm_eps: float = 1e-5
+    positional: str = "learned"
+    max_positions: int = 1024
+    share_embeddings: bool = True  # input embedding and output layer tied (Press & Wolf 2017), as GPT-2
+    # cutoffs of an adaptive softmax (Grave et al. 2017), e.g. [2000, 10000]: the frequent words get a full-width
+    # softmax, rarer ones narrower clusters. Empty: one softmax over the whole vocabulary. With share_embeddings
+    # the input embedding is adaptive too and shares the softmax's weights.
     adaptive_softmax: tuple[int, ...] = ()
+
+    @property
+    def width(self) -> int:
+        return self.d_model
+
+
+@dataclass
+class RNNEncDecConfig:
+    """The RNN encoder-decoder of Cho et al. (2014): a GRU encoder's last state is the "thought vector"."""
+
+    family: str = "rnn_encdec"
+    preset: str = ""
+    embedding_size: int = 256  # word embeddings (and the readout's width)
+    hidden_size: int = 512  # GRU units (the thought vector's width)
+    n_encoder_layers: int = 1
+    n_decoder_layers: int = 1
+    dropout: float = 0.3  # on the embeddings, between stacked GRUs and on the readout
+    share_embeddings: bool = True  # source/target embeddings and output layer tied (needs a joint vocabulary)
+
+    @property
+    def width(self) -> int:
+        return self.hidden_size
+
+
+@dataclass
+class RNNSearchConfig(RNNEncDecConfig):
+    """RNNsearch (Bahdanau et al. 2014): a bidirectional GRU encoder (``hidden_size`` units per direction) and a
+    decoder that attends to its annotations; the additive score's hidden layer has ``hidden_size`` units."""
+
+    family: str = "rnnsearch"
+    hidden_size: int = 256
+    attention_score: str = "additive"  # additive (Bahdanau), general, dot, scaled_dot (Luong)
+
+
+@dataclass
+class ShowAttendTellConfig:
+    """Show, Attend and Tell (Xu et al. 2015): an LSTM that attends to an image grid of ``d_feature``-channel cells."""
+
+    family: str = "show_attend_tell"
+    preset: str = ""
+    hidden_size: int = 512  # the LSTM state and the word embeddings
+    attention_size: int = 512  # the additive score's hidden layer
+    d_feature: int = 1280
+    attention_score: str = "additive"  # additive, general, dot, scaled_dot
+    attention_penalty: float = 1.0  # lambda of the doubly stochastic regulariser (eq. 14)
+    dropout: float = 0.5
+
+    @property
+    def width(self) -> int:
+        return self.hidden_size
+
+
+@dataclass
+class BertConfig:
+    """A BERT encoder (Devlin et al. 2019), imported from Hugging Face weights, not trained here."""
+
+    family: str = "bert"
+    preset: str = ""
+    d_model: int = 384
+    n_heads: int = 12
+    d_ff: int = 1536
+    n_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    max_positions: int = 512
+
+    @property
+    def width(self) -> int:
+        return self.d_model
+
+
+MODEL_CONFIGS = {c.family: c for c in (
+    TransformerConfig, ConvTransformerConfig, TransformerCaptionerConfig, LMConfig, RNNEncDecConfig, RNNSearchConfig,
+    ShowAttendTellConfig)}
+ModelConfig = (TransformerConfig | ConvTransformerConfig | TransformerCaptionerConfig | LMConfig | RNNEncDecConfig
+               | RNNSearchConfig | ShowAttendTellConfig | BertConfig)
+
+# checkpoints written by attnkit 0.1 kept one [model] table for every family; these keys had another name there
+LEGACY_NAMES = {
+    "rnn_encdec": {"d_model": "embedding_size", "d_ff": "hidden_size"},
+    "rnnsearch": {"d_model": "embedding_size", "d_ff": "hidden_size"},
+    "show_attend_tell": {"d_model": "hidden_size", "d_ff": "attention_size"},
+    "transformer_lm": {"n_decoder_layers": "n_layers"},
+}
 
 
 @dataclass
@@ -105,7 +247,9 @@ class TrainConfig:
     average_last: int = 0  # average this many last checkpoints at the end (0: off)
     init_from: str = ""  # fine-tuning: a checkpoint (or run dir) whose weights start this run; same tokenizer
     best_metric: str = "bleu"  # bleu | loss
-    threads: int = 0  # 0: torch's default
+    threads: int = 0  # 0: the command line picks (attnkit.threads: idle cores); Python code keeps torch's
+    # the fast runtime's tricks the model trains with (attnkit.fast.use), by name; [] trains the core as it reads
+    fast: tuple[str, ...] = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")
     parallel: str = "ddp"  # under torchrun: ddp (replicas) | fsdp (parameters, gradients, Adam moments sharded)
     device: str = "auto"  # auto (CUDA when there is one) | cpu | cuda; under torchrun, GPU LOCAL_RANK
     precision: str = "fp32"  # fp32 | bf16 | fp16: mixed precision (autocast; fp16 with loss scaling), CUDA only
@@ -121,12 +265,13 @@ class DecodeConfig:
     max_len_b: int = 10
     max_caption_len: int = 30  # captioners: the longest caption generated
     batch_size: int = 64
+    max_source_tokens: int = 1024  # a longer source sentence (in subwords) is refused with one line, not decoded
 
 
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=TransformerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -164,10 +309,14 @@ def _coerce(value, typ, where: str):
 
 
 def _fill(obj, table: dict, where: str):
-    hints = typing.get_type_hints(type(obj))
+    hints = typing.get_type_hints(type(obj), globalns=globals())
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in table.items():
         if key not in names:
+            family = getattr(obj, "family", None)
+            renamed = LEGACY_NAMES.get(family, {}).get(key) if isinstance(family, str) else None
+            if renamed:
+                raise AttnkitError(f"{where}: unknown key '{key}': a {family} model calls it '{renamed}'")
             raise AttnkitError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(names))})")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
@@ -197,29 +346,72 @@ PRESETS = {
     "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3),
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3, dropout=0.1),
     "tiny": dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1),
-    # decoder-only language models (family transformer_lm); depth is n_decoder_layers
-    "lm_tiny": dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=0, n_decoder_layers=2, **_GPT),
-    "lm_small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=0, n_decoder_layers=4, **_GPT),
-    "lm_base": dict(d_model=384, n_heads=6, d_ff=1536, n_encoder_layers=0, n_decoder_layers=6, **_GPT),  # nanoGPT's
-    "gpt2_small": dict(d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=0, n_decoder_layers=12,
-                       **(_GPT | dict(max_positions=1024))),
+    # decoder-only language models (family transformer_lm)
+    "lm_tiny": dict(d_model=128, n_heads=4, d_ff=512, n_layers=2, **_GPT),
+    "lm_small": dict(d_model=256, n_heads=4, d_ff=1024, n_layers=4, **_GPT),
+    "lm_base": dict(d_model=384, n_heads=6, d_ff=1536, n_layers=6, **_GPT),  # nanoGPT's
+    "gpt2_small": dict(d_model=768, n_heads=12, d_ff=3072, n_layers=12, **(_GPT | dict(max_positions=1024))),
 }
 
+# the fields every 0.1 [model] table held, whatever its family (dropped where the family has no such field)
+_LEGACY_MODEL_KEYS = {
+    "family", "preset", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout",
+    "attention_dropout", "activation_dropout", "activation", "norm_first", "layer_norm_eps", "positional",
+    "max_positions", "share_embeddings", "d_feature", "attention_score", "attention_penalty", "conv_kernel",
+    "adaptive_softmax"}
 
-def config_from_dict(table: dict, where: str = "config") -> ExperimentConfig:
+
+def _from_legacy(family: str, table: dict) -> dict:
+    """A [model] table as attnkit 0.1 wrote it into checkpoints (one table for every family) in this family's
+    names; the keys the family never read are dropped."""
+    renamed = LEGACY_NAMES.get(family, {})
+    fields = {f.name for f in dataclasses.fields(MODEL_CONFIGS[family])}
+    out = {}
+    for key, value in table.items():
+        key = renamed.get(key, key)
+        if key in fields:
+            out[key] = value
+        elif key not in _LEGACY_MODEL_KEYS:
+            out[key] = value  # not a 0.1 key: left for _fill to report
+    return out
+
+
+def config_from_dict(table: dict, where: str = "config", legacy: bool = False) -> ExperimentConfig:
+    """The experiment ``table`` describes. ``[model] family`` picks the model's dataclass (default: the
+    Transformer); ``model.preset`` fills its fields first, and keys beside it win. ``legacy``: the table was
+    written by attnkit 0.1 (a checkpoint's config.toml), whose [model] table named some fields otherwise."""
     cfg = ExperimentConfig()
-    preset = table.get("model", {}).get("preset", "") if isinstance(table.get("model"), dict) else ""
+    table = dict(table)
+    model = table.get("model", {})
+    if not isinstance(model, dict):
+        raise AttnkitError(f"{where}.model: expected a table")
+    family = model.get("family", "transformer")
+    if not isinstance(family, str):
+        raise AttnkitError(f"{where}: model.family = {family!r} is not one of {', '.join(MODEL_CONFIGS)}")
+    if family not in MODEL_CONFIGS:
+        raise AttnkitError(f"{where}: model.family = {family!r} is not one of {', '.join(MODEL_CONFIGS)}")
+    if legacy:
+        model = _from_legacy(family, model)
+    cfg.model = MODEL_CONFIGS[family]()
+    preset = model.get("preset", "")
+    if not isinstance(preset, str):
+        raise AttnkitError(f"{where}: model.preset = {preset!r}: expected the name of a preset")
     if preset:
-        if preset not in PRESETS:
-            raise AttnkitError(f"{where}: model.preset = {preset!r} is not one of {', '.join(PRESETS)}")
+        fields = {f.name for f in dataclasses.fields(cfg.model)}
+        if preset not in PRESETS or not set(PRESETS[preset]) <= fields:
+            usable = [name for name, values in PRESETS.items() if set(values) <= fields]
+            raise AttnkitError(f"{where}: model.preset = {preset!r} is not one of {', '.join(usable) or 'none'} "
+                               f"(for model.family = {family!r})")
         cfg.model = dataclasses.replace(cfg.model, **PRESETS[preset])
+    table["model"] = model
     _fill(cfg, table, where)
     validate(cfg, where)
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
-    """Read a TOML file (or start from defaults) and apply ``key=value`` overrides."""
+def load_config(path: str | Path | None, overrides: list[str] = (), legacy: bool = False) -> ExperimentConfig:
+    """Read a TOML file (or start from defaults) and apply ``key=value`` overrides (see :func:`config_from_dict`
+    for ``legacy``)."""
     table: dict = {}
     where = "config"
     if path is not None:
@@ -229,6 +421,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
             table = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise AttnkitError(f"{path}: config file not found") from None
+        except IsADirectoryError:
+            raise AttnkitError(f"{path}: is a directory, not a config file") from None
+        except UnicodeDecodeError as e:
+            raise AttnkitError(f"{path}: not UTF-8 text (byte {e.start})") from None
         except tomllib.TOMLDecodeError as e:
             raise AttnkitError(f"{path}: invalid TOML: {e}") from None
     for text in overrides:
@@ -239,14 +435,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
             if not isinstance(node, dict):
                 raise AttnkitError(f"--set {text}: '{k}' is not a table")
         node[keys[-1]] = value
-    return config_from_dict(table, where)
+    return config_from_dict(table, where, legacy)
 
 
 LM_FORMATS = ("tinyshakespeare", "wikitext2")  # language-model corpora: one stream of text
 
 _CHOICES = {
-    ("model", "family"): ("transformer", "show_attend_tell", "transformer_captioner", "transformer_lm",
-                          "rnn_encdec", "rnnsearch", "conv_transformer"),
     ("model", "attention_score"): ("additive", "general", "dot", "scaled_dot"),
     ("model", "activation"): ("relu", "gelu"),
     ("model", "positional"): ("sinusoidal", "learned"),
@@ -259,48 +453,106 @@ _CHOICES = {
     ("train", "device"): ("auto", "cpu", "cuda"),
     ("train", "precision"): ("fp32", "bf16", "fp16"),
 }
+CAPTIONERS = ("show_attend_tell", "transformer_captioner")
+FAST_TRICKS = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")  # attnkit.fast.runtime.TRICKS
 
 
 def validate(cfg: ExperimentConfig, where: str = "config") -> None:
     for (section, key), choices in _CHOICES.items():
-        value = getattr(getattr(cfg, section), key)
-        if value not in choices:
+        value = getattr(getattr(cfg, section), key, None)
+        if value is not None and value not in choices:
             raise AttnkitError(f"{where}: {section}.{key} = {value!r} is not one of {', '.join(choices)}")
     m = cfg.model
     if (m.family == "transformer_lm") != (cfg.data.format in LM_FORMATS):
         raise AttnkitError(f"{where}: model.family = 'transformer_lm' goes with data.format = "
                            f"{' or '.join(LM_FORMATS)}, not {m.family!r} with {cfg.data.format!r}")
-    if m.family in ("rnn_encdec", "rnnsearch", "conv_transformer") and cfg.data.format == "flickr8k":
-        raise AttnkitError(f"{where}: model.family = {m.family!r} translates text; data.format = 'flickr8k' "
-                           "goes with show_attend_tell or transformer_captioner")
+    if (m.family in CAPTIONERS) != (cfg.data.format == "flickr8k") and m.family != "transformer_lm":
+        raise AttnkitError(f"{where}: data.format = 'flickr8k' goes with model.family = "
+                           f"{' or '.join(CAPTIONERS)}, not {m.family!r} with {cfg.data.format!r}")
     if m.family == "conv_transformer" and (m.conv_kernel < 1 or m.conv_kernel % 2 == 0):
         raise AttnkitError(f"{where}: model.conv_kernel = {m.conv_kernel} must be a positive odd number "
                            "(the encoder's convolutions are centred)")
-    if m.share_embeddings and not cfg.data.joint_vocab:
+    if getattr(m, "share_embeddings", False) and m.family != "transformer_lm" and not cfg.data.joint_vocab:
         raise AttnkitError(f"{where}: model.share_embeddings = true needs data.joint_vocab = true")
-    if m.adaptive_softmax:
-        if m.family != "transformer_lm":
-            raise AttnkitError(f"{where}: model.adaptive_softmax is for model.family = 'transformer_lm'")
+    if getattr(m, "adaptive_softmax", ()):
         if list(m.adaptive_softmax) != sorted(set(m.adaptive_softmax)) or m.adaptive_softmax[0] <= 0:
             raise AttnkitError(f"{where}: model.adaptive_softmax = {list(m.adaptive_softmax)} must be increasing "
                                "positive cutoffs")
         if cfg.train.label_smoothing:
             raise AttnkitError(f"{where}: model.adaptive_softmax trains on the plain likelihood; "
                                "set train.label_smoothing = 0")
-    if m.d_model % m.n_heads:
+    for key in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "n_layers", "embedding_size",
+                "hidden_size", "attention_size", "d_feature", "max_positions"):
+        if getattr(m, key, 1) < 1:
+            raise AttnkitError(f"{where}: model.{key} = {getattr(m, key)} must be at least 1")
+    if hasattr(m, "n_heads") and m.d_model % m.n_heads:
         raise AttnkitError(f"{where}: model.d_model = {m.d_model} is not divisible by model.n_heads = {m.n_heads}")
-    fractions = [("model", "dropout"), ("model", "attention_dropout"), ("model", "activation_dropout"),
-                 ("train", "label_smoothing")]
-    for section, key in fractions:
-        value = getattr(getattr(cfg, section), key)
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        value = getattr(m, key, 0.0)
         if not 0.0 <= value < 1.0:
-            raise AttnkitError(f"{where}: {section}.{key} = {value} must be in [0, 1)")
-    positive = [("model", "d_model"), ("model", "n_heads"), ("model", "d_ff"), ("train", "max_tokens"),
-                ("train", "update_freq"), ("data", "vocab_size"), ("decode", "beam_size"), ("train", "lr"),
-                ("data", "block_size")]
+            raise AttnkitError(f"{where}: model.{key} = {value} must be in [0, 1)")
+    if not 0.0 <= cfg.train.label_smoothing < 1.0:
+        raise AttnkitError(f"{where}: train.label_smoothing = {cfg.train.label_smoothing} must be in [0, 1)")
+    for name in cfg.train.fast:
+        if name not in FAST_TRICKS:
+            raise AttnkitError(f"{where}: train.fast: {name!r} is not one of {', '.join(FAST_TRICKS)}")
+    positive = [("train", "max_tokens"), ("train", "update_freq"), ("data", "vocab_size"), ("decode", "beam_size"),
+                ("train", "lr"), ("data", "block_size")]
     for section, key in positive:
-        if getattr(getattr(cfg, section), key) <= 0:
+        if not getattr(getattr(cfg, section), key) > 0:  # NaN is not positive either
             raise AttnkitError(f"{where}: {section}.{key} must be positive")
+    _validate_ranges(cfg, where)
+
+
+# (section, key) -> the smallest value that means something (a count, a step, a rate)
+_AT_LEAST = {
+    ("train", "max_steps"): 1, ("train", "max_epochs"): 0, ("train", "save_every"): 0, ("train", "warmup_steps"): 0,
+    ("train", "eval_every"): 0, ("train", "log_every"): 1, ("train", "keep_last"): 1, ("train", "average_last"): 0,
+    ("train", "eval_beam"): 1, ("train", "threads"): 0, ("train", "max_minutes"): 0, ("train", "min_lr"): 0,
+    ("train", "weight_decay"): 0, ("train", "clip_norm"): 0, ("data", "max_train_pairs"): 0,
+    ("data", "max_valid_pairs"): 0, ("data", "max_len"): 1, ("data", "n_synthetic"): 1,
+    ("data", "long_test_min_words"): 0, ("data", "min_word_count"): 1, ("decode", "max_len_a"): 0,
+    ("decode", "max_len_b"): 0, ("decode", "max_caption_len"): 1, ("decode", "batch_size"): 1,
+    ("decode", "max_source_tokens"): 1,
+}
+
+
+def check_positions(cfg: ExperimentConfig, where: str = "config") -> None:
+    """Training: learned positions must cover the longest example (checked when a run starts; a checkpoint's
+    config is not refused for it)."""
+    m = cfg.model
+    if getattr(m, "positional", None) == "learned" and hasattr(m, "max_positions"):
+        if cfg.data.format in LM_FORMATS:
+            need, what = cfg.data.block_size, f"data.block_size = {cfg.data.block_size} tokens per example"
+        elif cfg.data.format != "flickr8k":
+            need, what = cfg.data.max_len + 1, f"data.max_len = {cfg.data.max_len} subwords and an end token"
+        else:
+            need, what = 0, ""
+        if m.max_positions < need:
+            raise AttnkitError(f"{where}: model.max_positions = {m.max_positions} learned positions are fewer than "
+                               f"{what}")
+
+
+def _validate_ranges(cfg: ExperimentConfig, where: str) -> None:
+    """Every number finite, every count and step in its range, learned positions long enough for the data."""
+    import math
+
+    for section in ("model", "data", "train", "decode"):
+        table = getattr(cfg, section)
+        for f in dataclasses.fields(table):
+            value = getattr(table, f.name)
+            values = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                raise AttnkitError(f"{where}: {section}.{f.name} = {value!r} must be a finite number")
+    for (section, key), low in _AT_LEAST.items():
+        value = getattr(getattr(cfg, section), key)
+        if value < low:
+            raise AttnkitError(f"{where}: {section}.{key} = {value!r} must be at least {low}")
+    t = cfg.train
+    if not (0 <= t.betas[0] < 1 and 0 <= t.betas[1] < 1):
+        raise AttnkitError(f"{where}: train.betas = {list(t.betas)} must both be in [0, 1)")
+    if not t.eps > 0:
+        raise AttnkitError(f"{where}: train.eps = {t.eps} must be positive")
 
 
 def to_dict(cfg) -> dict:

@@ -28,9 +28,11 @@ DEMO = {
 }
 
 
-def demo_config(minutes: float) -> ExperimentConfig:
+def demo_config(minutes: float, max_steps: int | None = None) -> ExperimentConfig:
     table = {k: dict(v) if isinstance(v, dict) else v for k, v in DEMO.items()}
     table["train"]["max_minutes"] = minutes
+    if max_steps:  # a shorter run (a smoke test: attnkit demo --steps)
+        table["train"]["max_steps"] = max_steps
     return config_from_dict(table, "demo")
 
 
@@ -40,8 +42,8 @@ def exact_match(model, toks, pairs, **options) -> tuple[float, list]:
     return correct / len(pairs.tgt), out
 
 
-def run_demo(run_dir: Path, minutes: float = 2.5) -> int:
-    cfg = demo_config(minutes)
+def run_demo(run_dir: Path, minutes: float = 2.5, max_steps: int | None = None) -> int:
+    cfg = demo_config(minutes, max_steps)
     started = time.monotonic()
     print(f"Training a {cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers}-layer Transformer "
           f"(d_model={cfg.model.d_model}) on {cfg.data.n_synthetic} generated dates, for at most {minutes} minutes...")
@@ -59,8 +61,8 @@ def run_demo(run_dir: Path, minutes: float = 2.5) -> int:
     [t] = translate(model, toks, example.src, beam_size=1, need_weights=True)
     source = toks.src.pieces(t.source) + ["</s>"]
     target = toks.tgt.id_to_piece(t.hypotheses[0].tokens) + ["</s>"]
-    png = plot_attention(t.hypotheses[0].attention, source, target, Path(run_dir) / "attention.png",
-                         title=f"{t.source} -> {t.text[0]}")
+    png = Path(run_dir) / "attention.png"
+    plot_attention(t.hypotheses[0].attention, source, target, png, title=f"{t.source} -> {t.text[0]}")
     print(f"cross-attention of one example: {png}")
     print(f"demo finished in {(time.monotonic() - started) / 60:.1f} min")
     return 0 if accuracy >= 0.95 else 1

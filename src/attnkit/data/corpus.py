@@ -9,10 +9,11 @@ from __future__ import annotations
 import gzip
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, describe_os_error
 
 
 @dataclass
@@ -40,8 +41,13 @@ def read_lines(path: str | Path) -> list[str]:
     if not path.exists():
         raise AttnkitError(f"{path}: file not found")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise AttnkitError(f"{path}: a broken or truncated gzip file ({e})") from None
+    except OSError as e:
+        raise AttnkitError(describe_os_error(e, str(path))) from None
     return _decode_lines(raw, str(path))
 
 
@@ -93,14 +99,19 @@ def read_tatoeba(path: str | Path, reverse: bool = False) -> Parallel:
     path = Path(path)
     if not path.exists():
         raise AttnkitError(f"{path}: file not found")
-    if path.suffix == ".zip":
-        with zipfile.ZipFile(path) as z:
-            names = [n for n in z.namelist() if n.endswith(".txt") and not Path(n).name.startswith("_")]
-            if len(names) != 1:
-                raise AttnkitError(f"{path}: expected one pairs .txt inside, found {names}")
-            raw, name = z.read(names[0]), f"{path}:{names[0]}"
-    else:
-        raw, name = path.read_bytes(), str(path)
+    try:
+        if path.suffix == ".zip":
+            with zipfile.ZipFile(path) as z:
+                names = [n for n in z.namelist() if n.endswith(".txt") and not Path(n).name.startswith("_")]
+                if len(names) != 1:
+                    raise AttnkitError(f"{path}: expected one pairs .txt inside, found {names}")
+                raw, name = z.read(names[0]), f"{path}:{names[0]}"
+        else:
+            raw, name = path.read_bytes(), str(path)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as e:
+        raise AttnkitError(f"{path}: a broken zip file ({e})") from None
+    except OSError as e:
+        raise AttnkitError(describe_os_error(e, str(path))) from None
     src, tgt = [], []
     for i, line in enumerate(_decode_lines(raw, name), 1):
         cols = line.split("\t")

@@ -12,8 +12,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from attnkit.errors import AttnkitError
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
+from attnkit.tokens import BOS, EOS, PAD, UNK
 
 
 class Tokenizer:

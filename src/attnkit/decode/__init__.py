@@ -1,4 +1,5 @@
-"""Greedy, beam search and sampling over the common decoding interface; translating, captioning, completing."""
+"""Greedy, beam search and sampling over the model contract (:mod:`attnkit.models.contract`); translating,
+captioning, completing."""
 
 from attnkit.decode.align import Alignment, align
 from attnkit.decode.caption import Caption, caption
@@ -6,7 +7,6 @@ from attnkit.decode.lm import Completion, complete
 from attnkit.decode.search import (
     Hypothesis,
     beam_search,
-    compile_step,
     filter_logits,
     generate,
     greedy,
@@ -16,4 +16,4 @@ from attnkit.decode.search import (
 from attnkit.decode.translate import Translation, translate
 
 __all__ = ["Alignment", "align", "Caption", "caption", "Completion", "complete", "Hypothesis", "beam_search",
-           "compile_step", "filter_logits", "generate", "greedy", "max_lengths", "sample", "Translation", "translate"]
+           "filter_logits", "generate", "greedy", "max_lengths", "sample", "Translation", "translate"]

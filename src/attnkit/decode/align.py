@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnkit.data.tokenizer import BOS, EOS
 from attnkit.decode.translate import translate
 from attnkit.errors import AttnkitError
+from attnkit.tokens import BOS, EOS
 
 
 @dataclass
@@ -29,31 +29,29 @@ class Alignment:
 @torch.no_grad()
 def align(model, toks, sentence: str, beam_size: int = 5, len_penalty: float = 1.0, max_len_a: float = 1.2,
           max_len_b: int = 10, layer: int | None = None, head: int | None = None) -> Alignment:
-    """Translate ``sentence`` (beam search, or greedy with ``beam_size`` 1) and return its attention matrix.
+    """Translate ``sentence`` (beam search, or greedy with ``beam_size`` 1) and return its attention matrix: the
+    cross-attention of the model's teacher-forced pass over its own translation.
 
-    Transformers: ``layer`` and ``head`` count from 1; without ``layer`` the average over all layers
-    and heads, without ``head`` the average over the layer's heads.
+    ``layer`` and ``head`` count from 1; without ``layer`` the average over all layers and heads, without
+    ``head`` the average over the layer's heads (RNNsearch has one layer of one head: its alignment).
     """
-    transformer = hasattr(model, "decode_all")
-    if not transformer and (layer is not None or head is not None):
-        raise AttnkitError(f"--layer and --head choose among a Transformer's cross-attentions; "
-                           f"{type(model).__name__} has a single attention")
+    model.require("align")
     if head is not None and layer is None:
         raise AttnkitError("--head needs --layer")
     [t] = translate(model, toks, [sentence], beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
-                    max_len_b=max_len_b, need_weights=True)
+                    max_len_b=max_len_b)
     hyp = t.hypotheses[0]
     source = toks.src.pieces(sentence) + ["</s>"]
     target = toks.tgt.id_to_piece(hyp.tokens) + ["</s>"]
-    if not transformer:
-        if hyp.attention is None:
-            raise AttnkitError(f"{type(model).__name__} has no attention: its decoder reads one vector, "
-                               "not the source words, so there is no alignment to show")
-        return Alignment(source, target, hyp.attention, t.text[0], "alpha: attention weights")
     src = torch.tensor([toks.src.encode([sentence])[0] + [EOS]])
-    _, layers = model.decode_all(torch.tensor([[BOS] + hyp.tokens]), model.encode(src), need_weights=True)
-    weights = torch.stack([w[0] for w in layers])  # [layers, heads, T, S]
+    cross = model(src, torch.tensor([[BOS] + hyp.tokens]), need_weights=True).attention.cross
+    weights = torch.stack([w[0] for w in cross])  # [layers, heads, T, S]
     n_layers, n_heads = weights.shape[:2]
+    if n_layers == n_heads == 1:
+        if layer not in (None, 1) or head not in (None, 1):
+            raise AttnkitError(f"--layer and --head choose among a Transformer's cross-attentions; a {model.family} "
+                               "model has a single attention")
+        return Alignment(source, target, weights[0, 0], t.text[0], "alpha: attention weights")
     if layer is None:
         return Alignment(source, target, weights.mean((0, 1)), t.text[0],
                          f"cross-attention, mean of {n_layers} layers x {n_heads} heads")

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.data.tokenizer import EOS
 from attnkit.decode.search import Hypothesis, sample
 from attnkit.errors import AttnkitError
+from attnkit.tokens import EOS
 
 
 @dataclass

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from attnkit.data import Tokenizers, pad, token_batches
-from attnkit.data.tokenizer import EOS
 from attnkit.decode.search import Hypothesis, generate, max_lengths
+from attnkit.tokens import EOS
 
 
 @dataclass

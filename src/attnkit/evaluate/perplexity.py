@@ -41,7 +41,7 @@ def language_model_scores(model, blocks: Tensor, batch_blocks: int = 16, charact
     nll, n = 0.0, 0
     for start in range(0, blocks.size(0), batch_blocks):
         b = block_batch(blocks, list(range(start, min(start + batch_blocks, blocks.size(0)))))
-        nll += float(model(b.src, b.tgt_in, targets=b.tgt_out)[1])  # the NLL summed over non-pad targets
+        nll += float(model(b.src, b.tgt_in, targets=b.tgt_out).nll)  # the NLL summed over non-pad targets
         n += b.n_tokens
     return _summary(model, was_training, nll, n, characters)
 
@@ -81,6 +81,6 @@ def sliding_window_scores(model, stream: Tensor, window: int, stride: int, batch
         tgt_in = torch.cat([torch.full((len(chunk), 1), BOS, dtype=torch.long), tgt_out[:, :-1]], dim=1)
         for row, (begin, _, scored) in enumerate(chunk):
             tgt_out[row, : scored - begin] = PAD  # context only: scored by an earlier window
-        nll += float(model(tgt_in.new_zeros(len(chunk), 0), tgt_in, targets=tgt_out)[1])
+        nll += float(model(tgt_in.new_zeros(len(chunk), 0), tgt_in, targets=tgt_out).nll)
         n += int(tgt_out.ne(PAD).sum())
     return _summary(model, was_training, nll, n, characters, window=window, stride=stride)

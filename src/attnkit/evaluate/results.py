@@ -1,4 +1,5 @@
-"""The results JSON every benchmark writes into ``bench/results/`` (see ARCHITECTURE.md)."""
+"""The results JSON every benchmark writes into ``bench/results/``: ``name``, ``metrics``, ``command``, ``git_commit``,
+``torch``, ``versions``, ``machine`` and ``date``, plus what a benchmark adds (``systems``, ``ratios``)."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ def _probe_batch(model, n: int = 4, src_len: int = 9, tgt_len: int = 7) -> tuple
 
 def export(checkpoint: str | Path, to: str, out: str | Path) -> tuple[Path, float]:
     """-> (the output directory, max |log p difference| to attnkit on a probe batch)."""
+    from attnkit.checkpoint import load_checkpoint
     from attnkit.models import Transformer
-    from attnkit.train import load_checkpoint
 
     if to not in FORMATS:
         raise AttnkitError(f"--to {to}: expected one of {', '.join(FORMATS)}")

@@ -120,7 +120,7 @@ def log_prob_gap(model, translator, toks, src_ids: list[list[int]], tgt_ids: lis
                                     [toks.tgt.id_to_piece(t) for t in tgt_ids])
     b = collate([s[:-1] for s in src_ids], tgt_ids, list(range(len(src_ids))))
     with torch.no_grad():
-        ours = model(b.src, b.tgt_in).log_softmax(-1).gather(-1, b.tgt_out[..., None])[..., 0]
+        ours = model(b.src, b.tgt_in).logits.log_softmax(-1).gather(-1, b.tgt_out[..., None])[..., 0]
     gap = 0.0
     for i, s in enumerate(scores):
         n = int(b.tgt_out[i].ne(PAD).sum())

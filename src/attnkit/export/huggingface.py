@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnkit.config import ExperimentConfig, ModelConfig
+from attnkit.checkpoint import load_checkpoint, write_checkpoint
+from attnkit.config import ExperimentConfig, TransformerConfig
 from attnkit.errors import AttnkitError
 from attnkit.models import BOS, EOS, PAD, UNK, Transformer
-from attnkit.train import load_checkpoint, write_checkpoint
 
 
 def _transformers():
@@ -46,7 +46,7 @@ def marian_order(d_model: int) -> Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-def check_exportable(cfg: ModelConfig) -> None:
+def check_exportable(cfg: TransformerConfig) -> None:
     """One-line refusal for the settings MarianMTModel has no equivalent of."""
     if cfg.family != "transformer":
         raise AttnkitError(f"model.family = {cfg.family!r}: only the Transformer encoder-decoder exports to Marian")
@@ -327,6 +327,6 @@ def hf_greedy(hf, src: Tensor, max_lens: Tensor) -> list[list[int]]:
 @torch.no_grad()
 def log_prob_gap(model: Transformer, hf, src: Tensor, tgt_in: Tensor) -> float:
     """max |log p_attnkit - log p_Marian| over the non-pad positions of a teacher-forced batch."""
-    ours = model(src, tgt_in).log_softmax(-1)
+    ours = model(src, tgt_in).logits.log_softmax(-1)
     theirs = hf(input_ids=src, attention_mask=src.ne(PAD), decoder_input_ids=tgt_in).logits.log_softmax(-1)
     return float((ours - theirs)[tgt_in.ne(PAD)].abs().max())

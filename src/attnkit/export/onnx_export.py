@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from attnkit.checkpoint import load_checkpoint
 from attnkit.errors import AttnkitError
 from attnkit.models import BOS, EOS, PAD, Transformer
 from attnkit.models.transformer import DecoderState, Memory
 from attnkit.nn import KVCache
-from attnkit.train import load_checkpoint
 
 OPSET = 18
 
@@ -44,7 +44,7 @@ class EncoderGraph(nn.Module):
 
     def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src [B, S] -> cross_keys, cross_values [L, B, H, S, d_head]."""
-        kv = self.model.init_state(self.model.encode(src)).static_kv
+        kv = self.model.init_state(self.model.encode(src)).memory_kv
         return torch.stack([c.keys for c in kv]), torch.stack([c.values for c in kv])
 
 
@@ -137,7 +137,7 @@ def _export(module: nn.Module, args: tuple, path: Path, input_names, output_name
                           dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False)
 
 
-# --- running the graphs: onnxruntime behind attnkit's decoding interface
+# --- running the graphs: onnxruntime behind the model contract's decoding methods
 
 
 @dataclass
@@ -193,6 +193,10 @@ class OnnxTransformer:
     def init_state(self, memory: OnnxState) -> OnnxState:
         return memory
 
+    def search_steps(self) -> dict:
+        """No search steps of its own: greedy and beam search run theirs over :meth:`step`."""
+        return {}
+
     def step(self, tokens: Tensor, state: OnnxState, need_weights: bool = False):
         """tokens [B] -> (log_probs [B, V] as a torch tensor, new state, None: the graphs give no attention)."""
         log_probs, keys, values = self.decoder.run(None, {
@@ -208,7 +212,7 @@ def step_gap(model: Transformer, onnx_model: OnnxTransformer, src: Tensor, steps
     steps' log-probabilities and caches (the tokens fed back are PyTorch's)."""
     model.eval()
     state, theirs = model.init_state(model.encode(src)), onnx_model.encode(src)
-    gap = max(float(np.abs(theirs.cross_keys[i] - kv.keys.numpy()).max()) for i, kv in enumerate(state.static_kv))
+    gap = max(float(np.abs(theirs.cross_keys[i] - kv.keys.numpy()).max()) for i, kv in enumerate(state.memory_kv))
     tokens = torch.full((src.size(0),), BOS, dtype=torch.long)
     for _ in range(steps):
         ours, state, _ = model.step(tokens, state)

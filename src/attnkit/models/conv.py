@@ -17,9 +17,10 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import ModelConfig
-from attnkit.models.transformer import PAD, Memory, Transformer
-from attnkit.nn import Dropout
+from attnkit.config import ConvTransformerConfig
+from attnkit.models.transformer import EncoderDecoder, Memory
+from attnkit.nn import TokenEmbedding, make_positional
+from attnkit.tokens import PAD
 
 
 class GatedConv(nn.Module):
@@ -40,7 +41,7 @@ class GatedConv(nn.Module):
         nn.init.zeros_(self.conv.bias)
         reach = dilation * (kernel_size - 1)
         self.padding = (reach, 0) if causal else (reach // 2, reach // 2)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """padding_mask [B, S] (True = pad): those positions are zeroed before the convolution, so they
@@ -66,14 +67,28 @@ class ConvEncoder(nn.Module):
         return x.masked_fill(padding_mask[..., None], 0.0)
 
 
-class ConvTransformer(Transformer):
+class ConvTransformer(EncoderDecoder):
     """The convolutional encoder (``n_encoder_layers`` blocks of kernel ``conv_kernel``, width ``d_model``)
     in place of the self-attention encoder; the Transformer's embeddings (with positions, which a
     convolution needs to know where it is in the sentence) and decoder are unchanged."""
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
-        super().__init__(cfg, src_vocab_size, tgt_vocab_size)
-        self.encoder = ConvEncoder(cfg.d_model, cfg.n_encoder_layers, cfg.conv_kernel, cfg.dropout)
+    family = "conv_transformer"
+    capabilities = frozenset({"translate", "score", "attention", "align"})
+
+    def __init__(self, cfg: ConvTransformerConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = TokenEmbedding(src_vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
+                                        cfg.dropout, PAD)
+        self.encoder = ConvEncoder(d, cfg.n_encoder_layers, cfg.conv_kernel, cfg.dropout)
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.build_decoder(cfg, tgt_vocab_size)
+        if cfg.share_embeddings:
+            if src_vocab_size != tgt_vocab_size:
+                raise ValueError("share_embeddings needs a joint vocabulary (equal source and target sizes)")
+            self.tgt_embed.tokens.weight = self.src_embed.tokens.weight
+            self.output.weight = self.src_embed.tokens.weight
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list]:
         """src [B, S] -> Memory [B, S, d_model]; with ``need_weights`` also an empty list (no self-attention)."""

@@ -1,4 +1,4 @@
-"""A decoder-only Transformer language model (GPT: Radford et al. 2018, 2019) behind the common decoding interface.
+"""A decoder-only Transformer language model (GPT: Radford et al. 2018, 2019) following the model contract.
 
 It is the Transformer's decoder without cross-attention: a stack of causal self-attention
 layers (attnkit.nn's EncoderLayer with ``causal=True``), pre-LN by default with a final
@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import ModelConfig
+from attnkit.config import LMConfig
 from attnkit.errors import AttnkitError
-from attnkit.models.transformer import PAD
+from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
 from attnkit.nn import AdaptiveInput, EncoderLayer, KVCache, TokenEmbedding, make_positional
-from attnkit.nn.loss import projected_smoothed_cross_entropy
+from attnkit.nn.loss import projected_label_smoothed_nll
+from attnkit.tokens import PAD
 
 
 @dataclass
@@ -39,22 +40,30 @@ class NoMemory:
 
 
 @dataclass
-class LMState:
+class LMState(DecodingState):
     """Per-layer self-attention caches [B, H, t, d_head] and the position of the next token."""
 
     caches: list[KVCache]
     offset: int = 0
 
+    @property
+    def rows(self) -> int:
+        return self.caches[0].keys.size(0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.caches[0].keys.device
+
     def select(self, indices: Tensor, same_source: bool = False) -> LMState:
-        return LMState([c.reorder(indices) for c in self.caches], self.offset)  # gathered by the next step
-
-    def repeat_beams(self, k: int) -> LMState:
-        """Every row becomes ``k`` consecutive rows (its beams)."""
-        return self.select(torch.arange(self.caches[0].rows).repeat_interleave(k))
+        return LMState([c.select(indices) for c in self.caches], self.offset)
 
 
-class TransformerLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+class TransformerLM(GenerativeModel):
+    family = "transformer_lm"
+    capabilities = frozenset({"generate", "score", "attention"})
+    projected_loss = staticmethod(projected_label_smoothed_nll)  # the fast runtime installs a fused one
+
+    def __init__(self, cfg: LMConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
@@ -64,7 +73,7 @@ class TransformerLM(nn.Module):
         self.layers = nn.ModuleList(
             EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
                          cfg.activation, cfg.norm_first, cfg.layer_norm_eps)
-            for _ in range(cfg.n_decoder_layers))
+            for _ in range(cfg.n_layers))
         # pre-LN leaves the residual stream unnormalised; post-LN already ends in a norm
         self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         self.output = output
@@ -76,7 +85,7 @@ class TransformerLM(nn.Module):
                 nn.init.zeros_(lin.bias)
 
     @staticmethod
-    def _output_layer(cfg: ModelConfig, vocab_size: int) -> tuple[nn.Module, nn.Module | None]:
+    def _output_layer(cfg: LMConfig, vocab_size: int) -> tuple[nn.Module, nn.Module | None]:
         """The output layer, and the input lookup tied to it when that is not a plain embedding."""
         if not cfg.adaptive_softmax:
             return nn.Linear(cfg.d_model, vocab_size, bias=False), None
@@ -87,14 +96,13 @@ class TransformerLM(nn.Module):
         output = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_model, vocab_size, list(cfg.adaptive_softmax), div_value=4.0)
         return output, (AdaptiveInput(output, PAD) if cfg.share_embeddings else None)
 
-    def forward(self, src: Tensor | None, tgt_in: Tensor, need_weights: bool = False, targets: Tensor | None = None,
-                label_smoothing: float = 0.0):
-        """Teacher forcing: tgt_in [B, T] (BOS + tokens) -> logits [B, T, V]; ``src`` is ignored.
+    def forward(self, source: Tensor | None, tgt_in: Tensor, targets: Tensor | None = None,
+                label_smoothing: float = 0.0, need_weights: bool = False) -> ModelOutput:
+        """Teacher forcing: tgt_in [B, T] (BOS + tokens) -> logits [B, T, V]; ``source`` is ignored.
 
         With an adaptive softmax the "logits" are log-probabilities (a softmax of them is themselves).
-        With ``need_weights`` also returns each layer's self-attention weights [B, H, T, T].
-        With ``targets`` [B, T] returns instead (training loss, NLL), each summed over the non-pad targets, as
-        the Transformer does: logits only at those positions, fused with the label-smoothed loss; or the
+        With ``need_weights`` also each layer's self-attention weights [B, H, T, T] (``attention.decoder``).
+        With ``targets`` [B, T] the loss and NLL summed over the non-pad targets, as the Transformer does; or the
         adaptive softmax's own path (no smoothing), which never scores the whole vocabulary.
         """
         x = self.embed(tgt_in)
@@ -103,14 +111,15 @@ class TransformerLM(nn.Module):
             x, w = layer(x, need_weights=need_weights, causal=True)
             all_weights.append(w)
         hidden = self.norm(x)
-        if targets is not None:
-            if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
-                keep = targets.ne(PAD)
-                nll = -self.output(hidden[keep], targets[keep]).output.sum()
-                return nll, nll.detach()
-            return projected_smoothed_cross_entropy(hidden, self.output.weight, targets, label_smoothing, PAD)
-        logits = self.output_logits(hidden)
-        return (logits, all_weights) if need_weights else logits
+        attention = AttentionMaps(decoder=all_weights) if need_weights else None
+        if targets is None:
+            return ModelOutput(logits=self.output_logits(hidden), attention=attention)
+        if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
+            keep = targets.ne(PAD)
+            nll = -self.output(hidden[keep], targets[keep]).output.sum()
+            return ModelOutput(loss=nll, nll=nll.detach(), attention=attention)
+        loss, nll = self.projected_loss(hidden, self.output.weight, targets, label_smoothing, PAD)
+        return ModelOutput(loss=loss, nll=nll, attention=attention)
 
     def output_logits(self, hidden: Tensor) -> Tensor:
         """hidden [..., d_model] -> logits [..., V] (log-probabilities with an adaptive softmax)."""
@@ -118,7 +127,7 @@ class TransformerLM(nn.Module):
             return self.output.log_prob(hidden.flatten(0, -2)).view(*hidden.shape[:-1], -1)
         return self.output(hidden)
 
-    # --- the common decoding interface (attnkit.decode)
+    # --- decoding
 
     def encode(self, src: Tensor) -> NoMemory:
         """src [B, ...]: only its batch size matters."""

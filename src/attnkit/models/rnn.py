@@ -1,11 +1,11 @@
 """Recurrent encoder-decoders: the "thought vector" model (Cho et al. 2014) and RNNsearch (Bahdanau et al. 2014).
 
-Both read a PAD-padded source [B, S] and speak the common decoding interface (encode, init_state,
+Both read a PAD-padded source [B, S] and follow the model contract (encode, init_state,
 step, state.select), so attnkit.decode's greedy, beam search and sampling run them unchanged;
-``forward`` is the teacher-forced pass the trainer calls and returns logits [B, T, V].
+``forward`` is the teacher-forced pass the trainer calls; it returns a ModelOutput (logits [B, T, V], loss).
 
-Sizes: ``d_model`` is the word embedding size (and the readout's), ``d_ff`` the GRU hidden size
-(RNNsearch's encoder has ``d_ff`` units per direction, so its annotations have ``2 d_ff``);
+Sizes: ``embedding_size`` is the word embedding size (and the readout's), ``hidden_size`` the GRU's
+(RNNsearch's encoder has ``hidden_size`` units per direction, so its annotations have ``2 hidden_size``);
 ``n_encoder_layers`` / ``n_decoder_layers`` stack GRUs; ``dropout`` acts on the embeddings,
 between stacked GRUs and on the readout.
 
@@ -23,19 +23,30 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnkit.config import ModelConfig
-from attnkit.models.transformer import PAD, Memory
-from attnkit.nn import Dropout, make_score, masked_softmax
+from attnkit.config import RNNEncDecConfig, RNNSearchConfig
+from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
+from attnkit.models.transformer import Memory
+from attnkit.nn import make_score, masked_softmax
+from attnkit.nn.loss import label_smoothed_nll
+from attnkit.tokens import PAD
 
 
 @dataclass
-class RNNState:
-    """A recurrent decoder's state: every layer's hidden state h [L, B, d_ff], the encoder's memory,
+class RNNState(DecodingState):
+    """A recurrent decoder's state: every layer's hidden state h [L, B, hidden_size], the encoder's memory,
     and (RNNsearch) the part of the attention score that depends on the source only, computed once."""
 
     memory: Memory
     h: Tensor
     projected: Tensor | None = None  # [B, S, d_attention]
+
+    @property
+    def rows(self) -> int:
+        return self.h.size(1)
+
+    @property
+    def device(self) -> torch.device:
+        return self.h.device
 
     def select(self, indices: Tensor, same_source: bool = False) -> RNNState:
         """Reorder the batch; ``same_source``: rows keep their source sentence, so memory and projection stay."""
@@ -44,10 +55,6 @@ class RNNState:
             return RNNState(self.memory, h, self.projected)
         return RNNState(self.memory.select(indices), h,
                         None if self.projected is None else self.projected.index_select(0, indices))
-
-    def repeat_beams(self, k: int) -> RNNState:
-        """Every row becomes ``k`` consecutive rows (its beams)."""
-        return self.select(torch.arange(self.h.size(1)).repeat_interleave(k))
 
 
 def run_gru(gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -76,7 +83,7 @@ class Maxout(nn.Module):
         return y.view(*y.shape[:-1], -1, self.pool).amax(-1)
 
 
-class _RNNTranslator(nn.Module):
+class _RNNTranslator(GenerativeModel):
     """What both models share: word embeddings and the deep output
 
         p(y_i) = softmax(W_o maxout(U_o s_i + V_o E y_{i-1} + C_o c_i))
@@ -85,10 +92,10 @@ class _RNNTranslator(nn.Module):
     embeddings tied too with ``share_embeddings`` (a joint vocabulary).
     """
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, d_context: int):
+    def __init__(self, cfg: RNNEncDecConfig, src_vocab_size: int, tgt_vocab_size: int, d_context: int):
         super().__init__()
         self.cfg = cfg
-        d = cfg.d_model
+        d = cfg.embedding_size
         self.src_embed = nn.Embedding(src_vocab_size, d, padding_idx=PAD)
         self.tgt_embed = nn.Embedding(tgt_vocab_size, d, padding_idx=PAD)
         for embed in (self.src_embed, self.tgt_embed):  # small enough for the tied output's logits at init
@@ -99,26 +106,45 @@ class _RNNTranslator(nn.Module):
             if src_vocab_size != tgt_vocab_size:
                 raise ValueError("share_embeddings needs a joint vocabulary (equal source and target sizes)")
             self.tgt_embed.weight = self.src_embed.weight
-        self.readout = Maxout(d + cfg.d_ff + d_context, d)
+        self.readout = Maxout(d + cfg.hidden_size + d_context, d)
         self.output = nn.Linear(d, tgt_vocab_size)
         self.output.weight = self.tgt_embed.weight
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def _gru(self, d_in: int, layers: int, bidirectional: bool = False) -> nn.GRU:
-        return nn.GRU(d_in, self.cfg.d_ff, layers, batch_first=True, bidirectional=bidirectional,
+        return nn.GRU(d_in, self.cfg.hidden_size, layers, batch_first=True, bidirectional=bidirectional,
                       dropout=self.cfg.dropout if layers > 1 else 0.0)
 
     def _embed_source(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """-> embedded source [B, S, d_model] and lengths [B] (at least 1: an all-padding row reads one PAD)."""
+        """-> embedded source [B, S, embedding_size] and lengths [B] (at least 1: an all-padding row reads one PAD)."""
         return self.dropout(self.src_embed(src)), src.ne(PAD).sum(1).clamp(min=1)
 
     def _initial_states(self, proj: nn.Module, summary: Tensor) -> Tensor:
-        """summary [B, d] -> an initial state per decoder layer [L, B, d_ff] through ``proj`` (tanh of a linear map)."""
+        """summary [B, d] -> an initial state per decoder layer [L, B, hidden_size] through ``proj`` (tanh of a
+        linear map)."""
         return proj(summary).view(summary.size(0), self.cfg.n_decoder_layers, -1).transpose(0, 1).contiguous()
 
     def _logits(self, y: Tensor, s: Tensor, c: Tensor) -> Tensor:
         """y = E y_{i-1}, s = s_i, c = c_i ([..., d]) -> logits [..., V]."""
         return self.output(self.dropout(self.readout(torch.cat([y, s, c], -1))))
+
+    def teacher_forced(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor | None]:
+        """src [B, S], tgt_in [B, T] -> logits [B, T, V] and the alignments [B, T, S] (None without attention)."""
+        raise NotImplementedError
+
+    def forward(self, source: Tensor, tgt_in: Tensor, targets: Tensor | None = None, label_smoothing: float = 0.0,
+                need_weights: bool = False) -> ModelOutput:
+        """Teacher forcing: source [B, S], tgt_in [B, T] -> logits [B, T, V]; with ``targets`` the label-smoothed
+        loss and NLL summed over non-pad targets; with ``need_weights`` the alignment as one cross-attention
+        layer of one head."""
+        logits, alignment = self.teacher_forced(source, tgt_in)
+        attention = None
+        if need_weights:
+            attention = AttentionMaps(cross=[] if alignment is None else [alignment[:, None]])
+        if targets is None:
+            return ModelOutput(logits=logits, attention=attention)
+        loss, nll = label_smoothed_nll(logits, targets, label_smoothing, PAD)
+        return ModelOutput(loss=loss, nll=nll, logits=logits, attention=attention)
 
 
 class RNNEncDec(_RNNTranslator):
@@ -129,20 +155,23 @@ class RNNEncDec(_RNNTranslator):
         s_i = GRU([E y_{i-1}; c], s_{i-1})   c enters every step, not only the first
         p(y_i) = softmax(W_o maxout(U_o s_i + V_o E y_{i-1} + C_o c))
 
-    The memory handed to the decoder is that one vector: ``Memory.states`` [B, 1, d_ff]. The
+    The memory handed to the decoder is that one vector: ``Memory.states`` [B, 1, hidden_size]. The
     encoder is unidirectional and stacked ``n_encoder_layers`` deep; c comes from its top layer.
     """
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
-        super().__init__(cfg, src_vocab_size, tgt_vocab_size, d_context=cfg.d_ff)
-        d, h = cfg.d_model, cfg.d_ff
+    family = "rnn_encdec"
+    capabilities = frozenset({"translate", "score"})
+
+    def __init__(self, cfg: RNNEncDecConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__(cfg, src_vocab_size, tgt_vocab_size, d_context=cfg.hidden_size)
+        d, h = cfg.embedding_size, cfg.hidden_size
         self.encoder = self._gru(d, cfg.n_encoder_layers)
         self.summary = nn.Sequential(nn.Linear(h, h), nn.Tanh())
         self.init_h = nn.Sequential(nn.Linear(h, h * cfg.n_decoder_layers), nn.Tanh())
         self.decoder = self._gru(d + h, cfg.n_decoder_layers)
 
     def encode(self, src: Tensor) -> Memory:
-        """src [B, S] -> Memory of one position: the thought vector c [B, 1, d_ff]."""
+        """src [B, S] -> Memory of one position: the thought vector c [B, 1, hidden_size]."""
         x, lengths = self._embed_source(src)
         _, h_n = run_gru(self.encoder, x, lengths)
         c = self.summary(h_n[-1])  # the top layer, after each row's last real token
@@ -159,9 +188,9 @@ class RNNEncDec(_RNNTranslator):
         s, h = self.decoder(torch.cat([y, c], -1), state.h)
         return self._logits(y, s, c), RNNState(state.memory, h)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: src [B, S], tgt_in [B, T] -> logits [B, T, V]."""
-        return self._decode(tgt_in, self.init_state(self.encode(src)))[0]
+    def teacher_forced(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, None]:
+        """src [B, S], tgt_in [B, T] -> logits [B, T, V] and no alignment (there is no attention)."""
+        return self._decode(tgt_in, self.init_state(self.encode(src)))[0], None
 
     def step(self, tokens: Tensor, state: RNNState, need_weights: bool = False):
         """tokens [B] -> (log_probs [B, V], new state, None): there is no attention to show."""
@@ -180,14 +209,17 @@ class RNNSearch(_RNNTranslator):
         s_i = GRU([E y_{i-1}; c_i], s_{i-1})
         p(y_i) = softmax(W_o maxout(U_o s_i + V_o E y_{i-1} + C_o c_i))
 
-    ``attention_score`` picks a(.) from attnkit.nn: "additive" (the paper; hidden size d_ff), Luong's
+    ``attention_score`` picks a(.) from attnkit.nn: "additive" (the paper; hidden size hidden_size), Luong's
     "general" (s^T W h_j) or "dot" / "scaled_dot". A dot product needs one size on both sides, and
     the annotations are twice the decoder's: the query is [s; s], so e_ij = s . (->h_j + <-h_j),
     still without parameters. With stacked decoder layers the top one is s.
     """
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
-        d, h = cfg.d_model, cfg.d_ff
+    family = "rnnsearch"
+    capabilities = frozenset({"translate", "score", "attention", "align"})
+
+    def __init__(self, cfg: RNNSearchConfig, src_vocab_size: int, tgt_vocab_size: int):
+        d, h = cfg.embedding_size, cfg.hidden_size
         super().__init__(cfg, src_vocab_size, tgt_vocab_size, d_context=2 * h)
         self.encoder = self._gru(d, cfg.n_encoder_layers, bidirectional=True)
         self.init_h = nn.Sequential(nn.Linear(h, h * cfg.n_decoder_layers), nn.Tanh())
@@ -196,18 +228,18 @@ class RNNSearch(_RNNTranslator):
         self.cells = nn.ModuleList(nn.GRUCell(d + 2 * h if i == 0 else h, h) for i in range(cfg.n_decoder_layers))
 
     def encode(self, src: Tensor) -> Memory:
-        """src [B, S] -> Memory: annotations [B, S, 2 d_ff] (zero at padding) and the padding mask [B, S]."""
+        """src [B, S] -> Memory: annotations [B, S, 2 hidden_size] (zero at padding) and the padding mask [B, S]."""
         x, lengths = self._embed_source(src)
         annotations, _ = run_gru(self.encoder, x, lengths)
         return Memory(annotations, src.eq(PAD))
 
     def init_state(self, memory: Memory) -> RNNState:
-        backward_first = memory.states[:, 0, self.cfg.d_ff:]  # <-h_1: the backward GRU's state after reading all
+        backward_first = memory.states[:, 0, self.cfg.hidden_size:]  # <-h_1: the backward GRU's state after reading all
         return RNNState(memory, self._initial_states(self.init_h, backward_first),
                         self.score.precompute(memory.states))
 
     def _attend(self, state: RNNState) -> tuple[Tensor, Tensor]:
-        """-> context c_i [B, 2 d_ff] and weights alpha_i [B, S], from s_{i-1} (the top layer of ``state``)."""
+        """-> context c_i [B, 2 hidden_size] and weights alpha_i [B, S], from s_{i-1} (the top layer of ``state``)."""
         s = state.h[-1]
         query = torch.cat([s, s], -1) if self.dot else s
         e = self.score(query[:, None], state.memory.states, state.projected)[:, 0]
@@ -215,7 +247,7 @@ class RNNSearch(_RNNTranslator):
         return (alpha[:, None] @ state.memory.states)[:, 0], alpha
 
     def _recur(self, y: Tensor, state: RNNState) -> tuple[Tensor, Tensor, Tensor, RNNState]:
-        """y = E y_{i-1} [B, d_model] -> s_i [B, d_ff], c_i, alpha_i and the new state."""
+        """y = E y_{i-1} [B, embedding_size] -> s_i [B, hidden_size], c_i, alpha_i and the new state."""
         c, alpha = self._attend(state)
         x, hs = torch.cat([y, c], -1), []
         for cell, h in zip(self.cells, state.h):
@@ -239,10 +271,6 @@ class RNNSearch(_RNNTranslator):
             contexts.append(c)
             alphas.append(alpha)
         return self._logits(y, torch.stack(states, 1), torch.stack(contexts, 1)), torch.stack(alphas, 1)
-
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: src [B, S], tgt_in [B, T] -> logits [B, T, V]."""
-        return self.teacher_forced(src, tgt_in)[0]
 
     def step(self, tokens: Tensor, state: RNNState, need_weights: bool = False):
         """tokens [B] (y_{i-1}) -> (log_probs [B, V], new state, alpha_i [B, S] or None)."""

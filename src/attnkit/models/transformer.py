@@ -1,4 +1,11 @@
-"""The Transformer encoder-decoder (Vaswani et al. 2017) behind the common decoding interface."""
+"""The Transformer encoder-decoder (Vaswani et al. 2017).
+
+:class:`EncoderDecoder` is the decoder side that every Transformer-decoded family shares (target embedding,
+masked self-attention + cross-attention layers, tied output layer, decoding steps); each family adds the
+encoder it reads its source with: :class:`Transformer` self-attention over token embeddings,
+:class:`~attnkit.models.conv.ConvTransformer` convolutions, :class:`~attnkit.models.captioner.TransformerCaptioner`
+self-attention over an image grid.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import ModelConfig
+from attnkit.config import TransformerConfig
+from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
 from attnkit.nn import DecoderLayer, EncoderLayer, KVCache, TokenEmbedding, make_positional
-from attnkit.nn.loss import projected_smoothed_cross_entropy
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, shared with attnkit.data.tokenizer
-
+from attnkit.nn.loss import projected_label_smoothed_nll
+from attnkit.tokens import PAD
 
 
 @dataclass
 class Memory:
-    """What the encoder hands the decoder: states [B, S, d_model] and the source padding mask [B, S]."""
+    """What an encoder hands the decoder: states [B, S, d_model] and the source padding mask [B, S] (True = pad)."""
 
     states: Tensor
     padding_mask: Tensor
@@ -28,137 +34,98 @@ class Memory:
 
 
 @dataclass
-class DecoderState:
-    """Everything one decoding step needs: per-layer self-attention caches and cross-attention keys/values.
-
-    With ``beams`` > 1 (beam search) the caches hold ``beams`` consecutive rows per source sentence, and the
-    memory and cross-attention keys/values one row per sentence, shared by its beams.
-    """
+class DecoderState(DecodingState):
+    """Everything one decoding step needs: the memory, each layer's cross-attention keys and values of it
+    (projected once per sentence), each layer's self-attention cache, and the position of the next token."""
 
     memory: Memory
-    static_kv: list[KVCache]
+    memory_kv: list[KVCache]
     caches: list[KVCache]
     offset: int = 0
-    beams: int = 1
+
+    @property
+    def rows(self) -> int:
+        return self.caches[0].keys.size(0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.memory.states.device
 
     def select(self, indices: Tensor, same_source: bool = False) -> DecoderState:
-        """Reorder, repeat or drop rows, e.g. by beam origin. ``same_source``: every row keeps its source
-        sentence (beams reordered among themselves), so the memory and cross-attention keys/values stay.
-        With ``beams`` > 1 the rows must stay in blocks of one sentence's beams, as beam search keeps them."""
-        caches = [c.reorder(indices) for c in self.caches]  # gathered by the next step, as it appends
+        caches = [c.select(indices) for c in self.caches]
         if same_source:
-            return DecoderState(self.memory, self.static_kv, caches, self.offset, self.beams)
-        sources = indices if self.beams == 1 else indices[:: self.beams] // self.beams
-        return DecoderState(self.memory.select(sources), [kv.select(sources) for kv in self.static_kv], caches,
-                            self.offset, self.beams)
-
-    def tensors(self) -> list[Tensor]:
-        """The state as flat tensors (for ``torch.export``, :mod:`attnkit.decode.aot`): the memory's states and
-        padding mask, each layer's cross-attention keys and values, each layer's cache keys and values, and the
-        caches' pending row order [rows] (one for all layers, which are reordered together; every row in place if
-        none: one graph serves both)."""
-        order = self.caches[0].order
-        if order is None:
-            order = torch.arange(self.caches[0].rows, device=self.caches[0].keys.device)
-        return [self.memory.states, self.memory.padding_mask,
-                *(x for kv in self.static_kv for x in (kv.keys, kv.values)),
-                *(x for c in self.caches for x in (c.keys, c.values)), order]
-
-    @classmethod
-    def from_tensors(cls, tensors: list[Tensor], beams: int) -> DecoderState:
-        """The state :meth:`tensors` listed. Its offset is the caches' length: exported, a size, not a constant."""
-        layers = (len(tensors) - 3) // 4
-        static, caches, order = tensors[2:2 + 2 * layers], tensors[2 + 2 * layers:-1], tensors[-1]
-        return cls(Memory(tensors[0], tensors[1]), [KVCache(*static[i:i + 2]) for i in range(0, 2 * layers, 2)],
-                   [KVCache(*caches[i:i + 2], order) for i in range(0, 2 * layers, 2)], caches[0].size(2), beams)
-
-    def repeat_beams(self, k: int) -> DecoderState:
-        """Every row becomes ``k`` rows, its beams; the source side stays one row per sentence."""
-        if self.beams != 1:
-            raise ValueError("the state already holds beams")
-        rows = torch.arange(self.memory.states.size(0), device=self.memory.states.device).repeat_interleave(k)
-        return DecoderState(self.memory, self.static_kv, [c.reorder(rows) for c in self.caches], self.offset, k)
+            return DecoderState(self.memory, self.memory_kv, caches, self.offset)
+        return DecoderState(self.memory.select(indices), [kv.select(indices) for kv in self.memory_kv], caches,
+                            self.offset)
 
 
-class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
-        super().__init__()
-        self.cfg = cfg
+def init_feed_forward(layers) -> None:
+    """Xavier-uniform FFN weights and zero biases, as the other linear layers of the Transformer."""
+    for layer in layers:
+        for lin in (layer.ffn.linear1, layer.ffn.linear2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+
+class EncoderDecoder(GenerativeModel):
+    """The Transformer's decoder side: target embedding, decoder layers, (pre-LN) final norm and the output
+    layer tied to the target embedding (section 3.4). Subclasses build an encoder and implement
+    :meth:`encode` (``need_weights``: also each encoder layer's self-attention weights)."""
+
+    capabilities = frozenset({"score", "attention"})
+    projected_loss = staticmethod(projected_label_smoothed_nll)  # the fast runtime installs a fused one
+
+    def build_decoder(self, cfg: TransformerConfig, tgt_vocab_size: int) -> None:
         d = cfg.d_model
-        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
-                      cfg.activation, cfg.norm_first)
-        self.src_embed = TokenEmbedding(src_vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
-                                        cfg.dropout, PAD)
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
                                         cfg.dropout, PAD)
-        if cfg.share_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise ValueError("share_embeddings needs a joint vocabulary (equal source and target sizes)")
-            self.tgt_embed.tokens.weight = self.src_embed.tokens.weight
-        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(cfg.n_encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(cfg.n_decoder_layers))
+        self.decoder = nn.ModuleList(
+            DecoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
+                         cfg.activation, cfg.norm_first) for _ in range(cfg.n_decoder_layers))
         # pre-LN leaves the last residual stream unnormalised; the paper's post-LN already ends in a norm
-        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
         self.output = nn.Linear(d, tgt_vocab_size, bias=False)
         self.output.weight = self.tgt_embed.tokens.weight  # tied as in section 3.4
-        for layer in [*self.encoder, *self.decoder]:
-            for lin in (layer.ffn.linear1, layer.ffn.linear2):
-                nn.init.xavier_uniform_(lin.weight)
-                nn.init.zeros_(lin.bias)
+        init_feed_forward(self.decoder)
 
-    # --- encoder
-
-    def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list[Tensor]]:
-        """src [B, S] token ids (PAD-padded) -> Memory.
-
-        With ``need_weights`` also returns each layer's self-attention weights [B, H, S, S].
-        """
-        padding_mask = src.eq(PAD)
-        x = self.src_embed(src)
-        all_weights = []
-        for layer in self.encoder:
-            x, w = layer(x, padding_mask, need_weights)
-            all_weights.append(w)
-        memory = Memory(self.encoder_norm(x), padding_mask)
-        return (memory, all_weights) if need_weights else memory
-
-    # --- teacher-forced decoder
-
-    def decode_all(self, tgt_in: Tensor, memory: Memory, need_weights: bool = False, logits: bool = True):
-        """tgt_in [B, T] (BOS + target[:-1]) -> logits [B, T, V] (or, without ``logits``, the decoder's output
-        states [B, T, d_model] that the output projection takes) and per-layer cross-attention weights."""
+    def decode_all(self, tgt_in: Tensor, memory: Memory, need_weights: bool = False):
+        """Teacher forcing: tgt_in [B, T] (BOS + target[:-1]) -> (the decoder's output states [B, T, d_model],
+        per-layer self-attention weights [B, H, T, T], per-layer cross-attention weights [B, H, T, S]; weights
+        None unless ``need_weights``)."""
         x = self.tgt_embed(tgt_in)
-        all_weights = []
+        self_weights, cross_weights = [], []
         for layer in self.decoder:
-            x, w, _ = layer(x, memory.states, memory.padding_mask, need_weights=need_weights)
-            all_weights.append(w)
-        x = self.decoder_norm(x)
-        return (self.output(x) if logits else x), all_weights
+            x, w_self, w_cross, _ = layer(x, memory.states, memory.padding_mask, need_weights=need_weights)
+            self_weights.append(w_self)
+            cross_weights.append(w_cross)
+        return self.decoder_norm(x), self_weights, cross_weights
 
-    def forward(self, src: Tensor, tgt_in: Tensor, targets: Tensor | None = None, label_smoothing: float = 0.0):
-        """Teacher forcing: src [B, S], tgt_in [B, T] -> logits [B, T, V].
+    def forward(self, source: Tensor, tgt_in: Tensor, targets: Tensor | None = None, label_smoothing: float = 0.0,
+                need_weights: bool = False) -> ModelOutput:
+        """Teacher forcing: source [B, S] (or an image grid), tgt_in [B, T].
 
-        With ``targets`` [B, T] returns instead (label-smoothed loss, NLL), each summed over the non-pad targets:
-        the training loss, with logits made only for those positions and fused with the loss
-        (:func:`~attnkit.nn.loss.projected_smoothed_cross_entropy`).
+        With ``targets`` [B, T] the loss and NLL are summed over the non-pad targets and the logits are not kept
+        (the loss may make them only where the target is real); without, the logits [B, T, V].
         """
-        memory = self.encode(src)
+        if need_weights:
+            memory, encoder_weights = self.encode(source, need_weights=True)
+        else:
+            memory, encoder_weights = self.encode(source), []
+        hidden, self_weights, cross_weights = self.decode_all(tgt_in, memory, need_weights)
+        attention = AttentionMaps(encoder_weights, self_weights, cross_weights) if need_weights else None
         if targets is None:
-            return self.decode_all(tgt_in, memory)[0]
-        states = self.decode_all(tgt_in, memory, logits=False)[0]
-        return projected_smoothed_cross_entropy(states, self.output.weight, targets, label_smoothing, PAD)
+            return ModelOutput(logits=self.output(hidden), attention=attention)
+        loss, nll = self.projected_loss(hidden, self.output.weight, targets, label_smoothing, PAD)
+        return ModelOutput(loss=loss, nll=nll, attention=attention)
 
-    # --- the common decoding interface (attnkit.decode)
+    # --- decoding
 
     def init_state(self, memory: Memory) -> DecoderState:
-        static_kv = [layer.cross_attn.project_memory(memory.states) for layer in self.decoder]
-        b, h, _, d_head = static_kv[0].keys.shape
-        # empty, not None: every step then has the same kind of input. Separate tensors, as after a reordering:
-        # a compiled step guards on which inputs are the same tensor, and would compile once more
-        empty = static_kv[0].keys.new_zeros
+        memory_kv = [layer.cross_attn.project_memory(memory.states) for layer in self.decoder]
+        b, h, _, d_head = memory_kv[0].keys.shape
+        empty = memory_kv[0].keys.new_zeros
         caches = [KVCache(empty(b, h, 0, d_head), empty(b, h, 0, d_head)) for _ in self.decoder]
-        return DecoderState(memory, static_kv, caches)
+        return DecoderState(memory, memory_kv, caches)
 
     def step(self, tokens: Tensor, state: DecoderState, need_weights: bool = False):
         """tokens [B] (the previous outputs) -> (log_probs [B, V], new state, attention).
@@ -167,14 +134,51 @@ class Transformer(nn.Module):
         """
         x = self.tgt_embed(tokens[:, None], offset=state.offset)
         caches, attn = [], None
-        for layer, kv, cache in zip(self.decoder, state.static_kv, state.caches):
-            x, w, cache = layer(x, None, state.memory.padding_mask, cache=cache,
-                                static_kv=kv, need_weights=need_weights, beams=state.beams)
+        for layer, kv, cache in zip(self.decoder, state.memory_kv, state.caches):
+            x, _, w, cache = layer(x, None, state.memory.padding_mask, cache=cache, memory_kv=kv,
+                                   need_weights=need_weights)
             caches.append(cache)
             if w is not None:
                 attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
         if attn is not None:
             attn = attn / len(self.decoder)
         logits = self.output(self.decoder_norm(x[:, 0]))
-        return F.log_softmax(logits.float(), dim=-1), DecoderState(state.memory, state.static_kv, caches,
-                                                                    state.offset + 1, state.beams), attn
+        return F.log_softmax(logits.float(), dim=-1), DecoderState(state.memory, state.memory_kv, caches,
+                                                                    state.offset + 1), attn
+
+
+class Transformer(EncoderDecoder):
+    """Self-attention encoder over token embeddings (with positions), then the decoder."""
+
+    family = "transformer"
+    capabilities = frozenset({"translate", "score", "attention", "align"})
+
+    def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = TokenEmbedding(src_vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
+                                        cfg.dropout, PAD)
+        self.encoder = nn.ModuleList(
+            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
+                         cfg.activation, cfg.norm_first) for _ in range(cfg.n_encoder_layers))
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        init_feed_forward(self.encoder)
+        self.build_decoder(cfg, tgt_vocab_size)
+        if cfg.share_embeddings:
+            if src_vocab_size != tgt_vocab_size:
+                raise ValueError("share_embeddings needs a joint vocabulary (equal source and target sizes)")
+            self.tgt_embed.tokens.weight = self.src_embed.tokens.weight
+            self.output.weight = self.src_embed.tokens.weight  # one matrix: source, target and output
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list[Tensor]]:
+        """src [B, S] token ids (PAD-padded) -> Memory; with ``need_weights`` also each layer's self-attention
+        weights [B, H, S, S]."""
+        padding_mask = src.eq(PAD)
+        x = self.src_embed(src)
+        all_weights = []
+        for layer in self.encoder:
+            x, w = layer(x, padding_mask, need_weights)
+            all_weights.append(w)
+        memory = Memory(self.encoder_norm(x), padding_mask)
+        return (memory, all_weights) if need_weights else memory

@@ -1,4 +1,5 @@
-"""The lectures' vocabulary: attention, positions, Transformer blocks, the image encoder."""
+"""The core: the lectures' vocabulary (attention, positions, Transformer blocks, the reference loss, the image
+encoder), readable top to bottom. Speed tricks live in :mod:`attnkit.fast`."""
 
 from attnkit.nn.adaptive import AdaptiveInput
 from attnkit.nn.attention import (
@@ -9,14 +10,16 @@ from attnkit.nn.attention import (
     MultiHeadAttention,
     Score,
     attend,
+    attention_mask,
     causal_mask,
     dot_score,
     make_score,
     masked_softmax,
+    reference_attention,
     scaled_dot_score,
 )
 from attnkit.nn.blocks import DecoderLayer, EncoderLayer, FeedForward
-from attnkit.nn.dropout import Dropout, dropout
+from attnkit.nn.loss import label_smoothed_nll, projected_label_smoothed_nll
 from attnkit.nn.positional import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
@@ -39,7 +42,6 @@ __all__ = [
     "IMAGE_SIZE",
     "AdditiveScore", "DotScore", "Score",
     "DecoderLayer",
-    "Dropout",
     "EfficientNetLite0",
     "EncoderLayer",
     "FeedForward",
@@ -50,17 +52,20 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "TokenEmbedding",
     "attend",
+    "attention_mask",
     "causal_mask",
     "dot_score",
-    "dropout",
     "grid_shape",
     "imagenet_class_names",
+    "label_smoothed_nll",
     "load_pretrained",
     "make_positional",
     "make_score",
     "masked_softmax",
     "normalize",
     "pretrained_weights_path",
+    "projected_label_smoothed_nll",
+    "reference_attention",
     "scaled_dot_score",
     "sinusoidal_table",
 ]

@@ -1,8 +1,12 @@
 """Transformer building blocks: position-wise FFN, encoder and decoder layers.
 
-Each sublayer is wrapped as the paper writes it, ``LayerNorm(x + Dropout(Sublayer(x)))``
-(post-LN), or with ``norm_first`` as ``x + Dropout(Sublayer(LayerNorm(x)))`` (pre-LN,
-which trains deeper stacks without warmup tricks).
+Each sublayer is wrapped as the paper writes it (post-LN)::
+
+    x = LayerNorm(x + Dropout(Sublayer(x)))
+
+or, with ``norm_first``, as pre-LN, which trains deeper stacks without warmup tricks::
+
+    x = x + Dropout(Sublayer(LayerNorm(x)))
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.nn.attention import KVCache, MultiHeadAttention
-from attnkit.nn.dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -22,7 +25,7 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -34,14 +37,16 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> tuple[Tensor, tuple]:
         """``sublayer(h)`` returns (output, *extras); the extras (weights, cache) pass through."""
-        out, *extras = sublayer(self.norm(x) if self.norm_first else x)
-        x = x + self.dropout(out)
-        return (x if self.norm_first else self.norm(x)), tuple(extras)
+        if self.norm_first:  # pre-LN: x + Dropout(Sublayer(LayerNorm(x)))
+            out, *extras = sublayer(self.norm(x))
+            return x + self.dropout(out), tuple(extras)
+        out, *extras = sublayer(x)  # post-LN: LayerNorm(x + Dropout(Sublayer(x)))
+        return self.norm(x + self.dropout(out)), tuple(extras)
 
 
 class EncoderLayer(nn.Module):
@@ -91,34 +96,19 @@ class DecoderLayer(nn.Module):
         memory_padding_mask: Tensor | None = None,
         *,
         cache: KVCache | None = None,
-        static_kv: KVCache | None = None,
+        memory_kv: KVCache | None = None,
         need_weights: bool = False,
-        beams: int = 1,
-    ) -> tuple[Tensor, Tensor | None, KVCache | None]:
-        """x [B, T, d_model] -> (x, cross-attention weights [B, H, T, S] or None, extended self-attention cache).
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, KVCache | None]:
+        """x [B, T, d_model], memory [B, S, d_model] (or its projection ``memory_kv``, decoding) -> (x,
+        self-attention weights [B, H, T, T], cross-attention weights [B, H, T, S] (both None unless
+        ``need_weights``), the extended self-attention cache).
 
         Target padding needs no mask here: pads sit after the last real token, so the causal
-        mask already hides them from every real position. ``beams`` > 1 (a beam search step, T = 1): x holds
-        ``beams`` consecutive rows per source sentence, and ``static_kv`` and the padding mask one row per
-        sentence; the beams attend to their sentence as that many queries.
+        mask already hides them from every real position.
         """
-        x, (_, cache) = self.self_res(x, lambda h: self.self_attn(h, causal=True, cache=cache))
-        x, (weights, _) = self.cross_res(x, lambda h: self._cross(h, memory, memory_padding_mask, static_kv,
-                                                                   need_weights, beams))
+        x, (self_weights, cache) = self.self_res(x, lambda h: self.self_attn(h, causal=True, cache=cache,
+                                                                              need_weights=need_weights))
+        x, (cross_weights, _) = self.cross_res(x, lambda h: self.cross_attn(
+            h, memory, key_padding_mask=memory_padding_mask, memory_kv=memory_kv, need_weights=need_weights))
         x, _ = self.ffn_res(x, lambda h: (self.ffn(h),))
-        return x, weights, cache
-
-    def _cross(self, h, memory, memory_padding_mask, static_kv, need_weights, beams):
-        if beams == 1:
-            return self.cross_attn(h, memory, key_padding_mask=memory_padding_mask, static_kv=static_kv,
-                                   need_weights=need_weights)
-        n, _, d = h.shape  # [sentences * beams, 1, d]
-        # the sentence count from a tensor's size, not n // beams: compiled, sizes are symbols, and (m k) // m is k to
-        # the compiler, while n // beams stays a division in every index of the attention's loops (985 against
-        # 261 us a call for 64 sentences of 5 beams)
-        sentences = (static_kv.keys if static_kv is not None else memory).size(0)
-        out, weights, _ = self.cross_attn(h.view(sentences, -1, d), memory, key_padding_mask=memory_padding_mask,
-                                          static_kv=static_kv, need_weights=need_weights)
-        if weights is not None:  # [sentences, H, beams, S] -> [sentences * beams, H, 1, S]
-            weights = weights.transpose(1, 2).reshape(n, weights.size(1), 1, weights.size(-1))
-        return out.view(n, 1, d), weights, None
+        return x, self_weights, cross_weights, cache

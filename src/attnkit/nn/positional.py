@@ -7,8 +7,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnkit.nn.dropout import Dropout
-
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     """``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))``.
@@ -80,7 +78,7 @@ class TokenEmbedding(nn.Module):
         self.tokens = tokens
         self.positional = positional
         self.scale = math.sqrt(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """tokens [B, T] -> [B, T, d_model]; ``offset`` is the position of the first token (decoding)."""

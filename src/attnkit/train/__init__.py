@@ -1,7 +1,7 @@
-"""Training: losses, schedules, checkpoints, the loop."""
+"""Training: the loop, tasks, schedules, distributed training, the trainer's checkpoint state."""
 
-from attnkit.train.checkpoint import average_checkpoints, load_checkpoint, resolve_checkpoint, write_checkpoint
-from attnkit.train.loss import label_smoothed_nll
+from attnkit.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
+from attnkit.train.checkpoint import average_checkpoints
 from attnkit.train.schedule import learning_rate
 from attnkit.train.trainer import Progress, Trainer, read_metrics
 
@@ -9,7 +9,6 @@ __all__ = [
            "Progress",
            "Trainer",
            "average_checkpoints",
-           "label_smoothed_nll",
            "learning_rate",
            "load_checkpoint",
            "read_metrics",

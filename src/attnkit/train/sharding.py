@@ -12,14 +12,19 @@ under DDP or in one process, and the other way round.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import Tensor, nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+
+# torch.distributed.fsdp (fully_shard, FSDPModule) and torch.distributed.tensor are imported where they are used:
+# importing the training package must not need them (a torch built without distributed support still trains)
 
 
 def shard(model: nn.Module) -> nn.Module:
     """Shard ``model`` in place over the default process group: every block of its layer lists, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
     for module in model.modules():
         if isinstance(module, nn.ModuleList):
             for block in module:
@@ -29,16 +34,28 @@ def shard(model: nn.Module) -> nn.Module:
 
 
 def is_sharded(model: nn.Module) -> bool:
+    if "torch.distributed.fsdp" not in sys.modules:  # nothing was sharded in this process
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
     return isinstance(model, FSDPModule)
 
 
 def full(value: Tensor) -> Tensor:
     """The whole tensor behind a shard (a collective: every rank must call it), on the CPU."""
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor was ever made
+        return value.detach().cpu()
+    from torch.distributed.tensor import DTensor
+
     return (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
 
 
 def shard_like(value: Tensor, param: Tensor) -> Tensor:
     """A full tensor cut as ``param`` is (its own rank's piece, as a DTensor); others pass through."""
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor was ever made
+        return value
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     if isinstance(param, DTensor) and value.shape == param.shape:
         return distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
     return value

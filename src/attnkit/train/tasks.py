@@ -1,9 +1,9 @@
 """What the training loop trains on. A task owns the data, its batching and its task-specific scores.
 
 The Trainer only needs, from a task: ``build_model()``, ``lengths(split)`` for bucketing,
-``batch(split, indices)`` -> :class:`attnkit.data.Batch`, ``loss(model, batch, label_smoothing)``,
-``scores(model)`` for validation beyond the loss (BLEU, ...), and ``files`` to copy into every
-checkpoint (tokenizers, vocabularies).
+``batch(split, indices)`` -> :class:`attnkit.data.Batch`, ``scores(model)`` for validation beyond the loss
+(BLEU, ...), and ``files`` to copy into every checkpoint (tokenizers, vocabularies). The loss is the model's
+(``model(batch.src, batch.tgt_in, targets=batch.tgt_out).loss``), the same call for every family.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.checkpoint import lm_tokenizer_file, load_tokenizers, model_for
 from attnkit.config import LM_FORMATS, ExperimentConfig
 from attnkit.data import (
     EOS,
@@ -26,7 +27,6 @@ from attnkit.data import (
     collate,
     encode_pairs,
     load_split,
-    load_tokenizers,
     read_tinyshakespeare,
     read_wikitext2,
     shifted_blocks,
@@ -39,7 +39,6 @@ from attnkit.errors import AttnkitError
 from attnkit.evaluate import bleu, language_model_scores
 from attnkit.models import build_model
 from attnkit.train import distributed
-from attnkit.train.loss import label_smoothed_nll
 
 
 class TranslationTask:
@@ -64,11 +63,6 @@ class TranslationTask:
     def files(self) -> list[Path]:
         return sorted({self.toks.src.path, self.toks.tgt.path})
 
-    @staticmethod
-    def restore(cfg: ExperimentConfig, directory: Path):
-        """-> (model, tokenizers) from a checkpoint directory's files (the weights are loaded by the caller)."""
-        toks = load_tokenizers(directory)
-        return build_model(cfg.model, toks.src.vocab_size, toks.tgt.vocab_size), toks
 
     def build_model(self):
         return build_model(self.cfg.model, self.toks.src.vocab_size, self.toks.tgt.vocab_size)
@@ -80,12 +74,6 @@ class TranslationTask:
     def batch(self, split: str, indices: list[int]) -> Batch:
         d = self.data[split]
         return collate([d.src[i] for i in indices], [d.tgt[i] for i in indices], indices)
-
-    def loss(self, model, b: Batch, label_smoothing: float):
-        """-> (training loss summed over target tokens, plain NLL sum)."""
-        if self.cfg.model.family in ("transformer", "conv_transformer"):  # logits only at non-pad targets
-            return model(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=label_smoothing)
-        return label_smoothed_nll(model(b.src, b.tgt_in), b.tgt_out, label_smoothing)
 
     def scores(self, model) -> dict:
         t, d = self.cfg.train, self.cfg.decode
@@ -150,14 +138,6 @@ class CaptionTask:
     def files(self) -> list[Path]:
         return [self.vocab.path]
 
-    @staticmethod
-    def restore(cfg: ExperimentConfig, directory: Path):
-        from attnkit.data import WordVocab
-        from attnkit.nn.vision import grid_shape
-
-        vocab = WordVocab(Path(directory) / "vocab.txt")
-        _, h, w = grid_shape(cfg.data.image_grid)
-        return build_model(cfg.model, h * w, vocab.vocab_size), vocab
 
     @property
     def n_cells(self) -> int:
@@ -175,16 +155,6 @@ class CaptionTask:
         b = collate([[] for _ in indices], [ids[i] for i in indices], indices)
         b.src = self.grids[split][[image[i] for i in indices]].float()
         return b
-
-    def loss(self, model, b: Batch, label_smoothing: float):
-        logits, alphas = model(b.src, b.tgt_in)
-        loss, nll = label_smoothed_nll(logits, b.tgt_out, label_smoothing)
-        if alphas is not None and self.cfg.model.attention_penalty > 0:
-            # doubly stochastic attention (Xu et al. eq. 14): every cell gets about one word's worth of attention
-            real = b.tgt_out.ne(0).unsqueeze(-1)
-            coverage = (alphas * real).sum(1)  # [B, L]
-            loss = loss + self.cfg.model.attention_penalty * ((1.0 - coverage) ** 2).sum()
-        return loss, nll
 
     def scores(self, model) -> dict:
         from attnkit.decode import caption
@@ -255,9 +225,7 @@ class LanguageModelTask:
 
     @staticmethod
     def tokenizer_file(cfg: ExperimentConfig) -> str:
-        if cfg.data.lm_tokenizer == "spm":
-            return "spm.model"
-        return "chars.json" if cfg.data.format == "tinyshakespeare" else "vocab.txt"
+        return lm_tokenizer_file(cfg)
 
     @staticmethod
     def build_tokenizer(cfg: ExperimentConfig, train: list[str], path: Path):
@@ -277,21 +245,12 @@ class LanguageModelTask:
 
     @staticmethod
     def load_tokenizer(cfg: ExperimentConfig, directory: Path):
-        path = Path(directory) / LanguageModelTask.tokenizer_file(cfg)
-        if cfg.data.lm_tokenizer == "spm":
-            return Tokenizer(path)
-        if cfg.data.format == "tinyshakespeare":
-            return CharTokenizer(path)
-        return WordVocab(path, pretokenized=True)
+        return load_tokenizers(cfg, directory)
 
     @property
     def files(self) -> list[Path]:
         return [self.tokenizer.path]
 
-    @staticmethod
-    def restore(cfg: ExperimentConfig, directory: Path):
-        tokenizer = LanguageModelTask.load_tokenizer(cfg, directory)
-        return build_model(cfg.model, 0, tokenizer.vocab_size), tokenizer
 
     def build_model(self):
         return build_model(self.cfg.model, 0, self.tokenizer.vocab_size)
@@ -311,15 +270,17 @@ class LanguageModelTask:
         b = block_batch(blocks, list(range(len(indices))))
         return Batch(b.src, b.tgt_in, b.tgt_out, list(indices))
 
-    def loss(self, model, b: Batch, label_smoothing: float):
-        # logits only at the targets, fused with the loss (or the adaptive softmax's own path)
-        return model(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=label_smoothing)
-
     def scores(self, model) -> dict:
         if self.cfg.data.format != "tinyshakespeare" or self.cfg.data.lm_tokenizer != "corpus":
             return {}  # the trainer's valid_loss and valid_ppl say it all
         batch_blocks = max(1, self.cfg.train.max_tokens // self.cfg.data.block_size)
         return {"valid_bpc": language_model_scores(model, self.blocks["valid"], batch_blocks, characters=True)["bpc"]}
+
+
+def restore(cfg: ExperimentConfig, directory: Path):
+    """-> (model, tokenizers) from a checkpoint directory's files (the weights are loaded by the caller)."""
+    toks = load_tokenizers(cfg, directory)
+    return model_for(cfg, toks), toks
 
 
 def task_class(cfg: ExperimentConfig):

@@ -14,9 +14,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from attnkit.config import ExperimentConfig, dump_toml
+from attnkit.checkpoint import checkpoint_is_intact, remove_debris, verify_files, verify_model_config
+from attnkit.config import ExperimentConfig, check_positions, dump_toml
 from attnkit.data import Parallel, token_batches
 from attnkit.errors import AttnkitError
+from attnkit.fast import use
 from attnkit.train import distributed, sharding
 from attnkit.train.checkpoint import (
     average_checkpoints,
@@ -42,6 +44,37 @@ class Progress:
     train_tokens: int = 0
     best_score: float | None = None
     history: list[str] = field(default_factory=list)  # checkpoint directory names, oldest first
+
+    # the progress bar: a run stops at max_steps or when train.max_minutes of training time are spent, whichever
+    # comes first, so its ETA is the smaller of the two (a 100,000-step cap under a 60-minute budget is not 15 h)
+
+    def steps_left(self, max_steps: int, max_minutes: float = 0.0, steps_per_second: float | None = None) -> float:
+        """Steps this run still takes: to max_steps, or fewer when the time budget (``max_minutes``, 0: none)
+        runs out first at ``steps_per_second`` of training time (None: not measured yet, the budget not used)."""
+        left = float(max(max_steps - self.step, 0))
+        if max_minutes and steps_per_second:
+            left = min(left, self.budget_left(max_minutes) * steps_per_second)
+        return left
+
+    def budget_left(self, max_minutes: float) -> float:
+        """Seconds of training time left in a ``max_minutes`` budget (inf for none)."""
+        return max(max_minutes * 60 - self.train_seconds, 0.0) if max_minutes else math.inf
+
+    def eta_seconds(self, max_steps: int, max_minutes: float = 0.0,
+                    steps_per_second: float | None = None) -> float | None:
+        """Seconds of training left: the smaller of the step-based estimate and the budget left; None while
+        neither is known (no rate measured, no budget)."""
+        by_steps = max(max_steps - self.step, 0) / steps_per_second if steps_per_second else math.inf
+        eta = min(by_steps, self.budget_left(max_minutes))
+        return None if math.isinf(eta) else eta
+
+    def expected_total(self, max_steps: int, max_minutes: float = 0.0,
+                       steps_per_second: float | None = None) -> int | None:
+        """The step the run should end at, the bar's total: with it the bar's ETA (steps to go over its rate) is
+        :meth:`eta_seconds`. None while a budget is set and no rate is measured yet (the bar then shows no ETA)."""
+        if max_minutes and not steps_per_second and self.step < max_steps:
+            return None
+        return self.step + math.ceil(self.steps_left(max_steps, max_minutes, steps_per_second))
 
 
 def mixed_precision(precision: str, device: torch.device):
@@ -79,6 +112,7 @@ class Trainer:
     def __init__(self, cfg: ExperimentConfig, run_dir: str | Path, data_dir: str | None = None,
                  train_pairs: Parallel | None = None, valid_pairs: Parallel | None = None, task=None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        check_positions(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -87,7 +121,7 @@ class Trainer:
         self.rank, self.world = distributed.setup(self.device)
         self.task = task or make_task(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world, self.rank)
         torch.manual_seed(cfg.train.seed)
-        self.model = self.task.build_model()
+        self.model = self.build_model()
         if cfg.train.init_from:
             self.init_from(cfg.train.init_from)
         self.model.to(self.device)
@@ -104,9 +138,8 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps,
                                           weight_decay=t.weight_decay, fused=True)
         self.progress = Progress()
-        if self.rank == 0:
-            (self.run_dir / "config.toml").write_text(dump_toml(cfg), encoding="utf-8")
-            self._record_provenance()
+        self._recorded = False  # config.toml and run.jsonl are written when training starts, not before: a
+        # rejected --resume leaves the run as it was
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.writer = None
         if t.tensorboard:
@@ -116,6 +149,15 @@ class Trainer:
                 raise AttnkitError("train.tensorboard = true needs the tensorboard package (pip install tensorboard)") \
                     from None
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def _record_run(self) -> None:
+        """config.toml, a run.jsonl line, and what a killed checkpoint write left behind: once, as training starts."""
+        if self._recorded or self.rank != 0:
+            return
+        self._recorded = True
+        (self.run_dir / "config.toml").write_text(dump_toml(self.cfg), encoding="utf-8")
+        self._record_provenance()
+        remove_debris(self.ckpt_dir)
 
     def _record_provenance(self) -> None:
         """Append who started this run with what (command line, code, versions) to run.jsonl: resumes add lines."""
@@ -143,6 +185,11 @@ class Trainer:
             tensors["amp.growth_tracker"] = torch.tensor([self.scaler.state_dict()["_growth_tracker"]])
         return tensors
 
+    def build_model(self):
+        """The task's model with the fast runtime's tricks named in ``train.fast`` (:func:`attnkit.fast.use`)."""
+        model = self.task.build_model()
+        return use(model, *self.cfg.train.fast) if self.cfg.train.fast else model
+
     def full_model(self):
         """The model with whole weights: itself, or under FSDP an unsharded copy on rank 0 (None elsewhere).
         Every rank calls this: the weights are gathered."""
@@ -152,7 +199,7 @@ class Trainer:
         if self.rank != 0:
             return None
         if self._unsharded is None:
-            self._unsharded = self.task.build_model().to(self.device)
+            self._unsharded = self.build_model().to(self.device)
         self._unsharded.load_state_dict(state)
         return self._unsharded
 
@@ -167,16 +214,28 @@ class Trainer:
         load_weights(self.model, path / "model.safetensors")
 
     def resume(self, path: str | Path) -> None:
-        """Load weights, optimizer moments, RNG and data position from a checkpoint (or a run's last one)."""
-        path = checkpoint_of(path)
+        """Load weights, optimizer moments, RNG and data position from a checkpoint (or a run's last one).
+
+        Every file is verified against the checkpoint's meta.json first; given a run directory whose newest
+        checkpoint is damaged, the newest intact one is used, with one warning line. A config whose model
+        contradicts the checkpoint's, or whose train.max_steps is below its step, is refused. A refused resume
+        writes nothing."""
+        path = self._intact_checkpoint(path)
+        meta = read_meta(path)
+        verify_model_config(path, self.cfg, meta, what="the config given to --resume")
+        step = meta.get("progress", {}).get("step") if isinstance(meta.get("progress"), dict) else None
+        if not isinstance(step, int):
+            raise AttnkitError(f"{path}/meta.json: no progress.step; this checkpoint cannot resume training")
+        if self.cfg.train.max_steps < step:
+            raise AttnkitError(f"train.max_steps = {self.cfg.train.max_steps} is below the step of the checkpoint "
+                               f"resumed from ({path.name}, step {step}); raise it or train a new run")
         if sharding.is_sharded(self.model):  # every rank reads the whole weights and keeps its shard
-            whole = self.task.build_model()
+            whole = self.build_model()
             load_weights(whole, path / "model.safetensors")
             sharding.copy_full_into(self.model, whole)
         else:
             load_weights(self.model, path / "model.safetensors")
         tensors = read_trainer_state(path)
-        meta = read_meta(path)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         state: dict[int, dict] = {}
         for key, value in tensors.items():
@@ -200,9 +259,37 @@ class Trainer:
         if self.scaler is not None and "amp.scale" in tensors:
             self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": float(tensors["amp.scale"][0]),
                                          "_growth_tracker": int(tensors["amp.growth_tracker"][0])})
-        self.progress = Progress(**meta["progress"])
+        try:
+            self.progress = Progress(**meta["progress"])
+        except TypeError as e:
+            raise AttnkitError(f"{path}/meta.json: progress does not describe a training run ({e})") from None
+        self._record_run()
         # records a killed run logged after this checkpoint are redone; read_metrics drops them
         self.log({"step": self.progress.step, "resumed_from": path.name})
+
+    def _intact_checkpoint(self, path: str | Path) -> Path:
+        """``path``'s checkpoint, verified; for a run directory whose last checkpoint is damaged or missing, the
+        newest intact step-N, with one warning line on stderr."""
+        given = Path(path)
+        run_ckpts = given / "checkpoints"
+        if (given / "model.safetensors").exists() or not run_ckpts.is_dir():
+            path = checkpoint_of(given)
+            verify_files(path, resuming=True)
+            return path
+        last = run_ckpts / "last"
+        if last.exists() and checkpoint_is_intact(last.resolve()):
+            return last.resolve()
+        steps = sorted((d for d in run_ckpts.glob("step-*") if d.is_dir() and d.name[5:].isdigit()),
+                       key=lambda d: int(d.name[5:]), reverse=True)
+        for candidate in steps:
+            if checkpoint_is_intact(candidate):
+                newest = last.resolve().name if last.exists() else "checkpoints/last"
+                print(f"attnkit: warning: {run_ckpts / newest} is damaged or missing; resuming from "
+                      f"{candidate.name}, the newest intact checkpoint", file=sys.stderr)
+                return candidate
+        if last.exists():
+            verify_files(last.resolve(), resuming=True)  # names what is wrong
+        raise AttnkitError(f"{given}: no intact checkpoint to resume from in {run_ckpts}")
 
     def save(self, model, scores: dict | None = None) -> Path | None:
         """Write a checkpoint of ``model`` (:meth:`full_model`). Every rank calls this (the RNG gather); rank 0
@@ -247,7 +334,7 @@ class Trainer:
         total, n = 0.0, 0
         for idx in token_batches(*self.task.lengths("valid"), self.cfg.train.max_tokens):
             b = self.task.batch("valid", idx).to(self.device)
-            _, nll = self.task.loss(model, b, 0.0)
+            nll = model(b.src, b.tgt_in, targets=b.tgt_out).nll
             total, n = total + float(nll), n + b.n_tokens
         scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50)), **self.task.scores(model)}
         model.train()
@@ -292,7 +379,8 @@ class Trainer:
             sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
             with gradient_sync(model, sync):
                 with self.autocast():
-                    loss, nll = self.task.loss(model, b, t.label_smoothing)
+                    out = model(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=t.label_smoothing)
+                    loss, nll = out.loss, out.nll
                 (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             n_tokens += b.n_tokens
             loss_sum += float(nll)
@@ -322,15 +410,18 @@ class Trainer:
 
     def train(self) -> dict:
         t, p = self.cfg.train, self.progress
+        self._record_run()
         self.forward_model.train()
         src_lens, tgt_lens = self.task.lengths("train")
         per_update = t.update_freq * self.world  # batches consumed by one optimizer step, over all ranks
-        bar = tqdm(total=t.max_steps, initial=p.step, disable=not t.progress or self.rank != 0, file=sys.stderr,
-                   dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 60.0, desc="train")
+        bar = tqdm(total=p.expected_total(t.max_steps, t.max_minutes), initial=p.step,
+                   disable=not t.progress or self.rank != 0, file=sys.stderr, dynamic_ncols=True,
+                   mininterval=1.0 if sys.stderr.isatty() else 60.0, desc="train")
+        bar_from = (p.step, p.train_seconds)  # this session's rate sets where a time budget ends the run
         start = time.monotonic() - p.train_seconds
         window_loss, window_tokens, window_start = 0.0, 0, p.train_seconds  # throughput over training time only
         scores: dict = {}
-        stop = False
+        stop = p.step >= t.max_steps  # a run resumed at its last step trains no further
         while not stop:
             if t.max_epochs and p.epoch >= t.max_epochs:
                 break
@@ -339,7 +430,7 @@ class Trainer:
             last = len(batches) if self.world == 1 else len(batches) - per_update + 1
             while p.batch_in_epoch < last:
                 group = batches[p.batch_in_epoch: p.batch_in_epoch + per_update][self.rank::self.world]
-                lr = learning_rate(p.step + 1, t, self.cfg.model.d_model)
+                lr = learning_rate(p.step + 1, t, self.cfg.model.width)
                 n_tokens, loss_sum = self._update(group, lr)
                 p.step += 1
                 p.batch_in_epoch += per_update
@@ -347,6 +438,8 @@ class Trainer:
                 p.train_seconds = time.monotonic() - start
                 window_loss += loss_sum
                 window_tokens += n_tokens
+                rate = (p.step - bar_from[0]) / max(p.train_seconds - bar_from[1], 1e-9)
+                bar.total = p.expected_total(t.max_steps, t.max_minutes, rate)
                 bar.update(1)
                 if p.step % t.log_every == 0:
                     elapsed = p.train_seconds - window_start

@@ -1,35 +1,43 @@
-"""Attention maps as heatmaps, with the tokens on the axes (Bahdanau et al., figure 3)."""
+"""Attention maps as heatmaps, with the tokens on the axes (Bahdanau et al., figure 3).
+
+Every plot function returns a matplotlib ``Figure`` (shown inline when it is a notebook cell's value) and, given a
+``path``, also writes it there. Figures are made without pyplot, so no backend is chosen or forced on import and
+nothing needs a screen.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # no screen needed
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 
-def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
-    """Lay out, write (creating the folder) and close a figure."""
-    fig.tight_layout()
+def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
+    """Write a figure (creating the folder); the format follows the suffix."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
     return path
 
 
-def plot_attention(weights, source: list[str], target: list[str], path: str | Path, title: str = "") -> Path:
-    """weights [len(target), len(source)]: row i is where output token i looked.
+def finish(fig: Figure, path: str | Path | None, dpi: int = 120) -> Figure:
+    """Lay out ``fig``, write it to ``path`` if given, and return it."""
+    fig.tight_layout()
+    if path is not None:
+        save_figure(fig, path, dpi)
+    return fig
 
-    Writes a PNG (or any format matplotlib knows from the suffix) and returns its path.
-    """
+
+def plot_attention(weights, source: list[str], target: list[str], path: str | Path | None = None,
+                   title: str = "") -> Figure:
+    """weights [len(target), len(source)]: row i is where output token i looked. -> the figure (also written to
+    ``path``, a PNG or any format matplotlib knows from the suffix)."""
     w = np.asarray(weights, dtype=float)
     if w.shape != (len(target), len(source)):
         raise ValueError(f"weights of shape {w.shape} do not match {len(target)} target x {len(source)} source labels")
-    fig, ax = plt.subplots(figsize=(max(4, 0.35 * len(source) + 1.5), max(3, 0.35 * len(target) + 1.2)))
+    fig = Figure(figsize=(max(4, 0.35 * len(source) + 1.5), max(3, 0.35 * len(target) + 1.2)))
+    ax = fig.subplots()
     ax.imshow(w, cmap="gray_r", vmin=0.0, vmax=max(w.max(), 1e-9), aspect="auto")
     ax.set_xticks(range(len(source)), source, rotation=90)
     ax.set_yticks(range(len(target)), target)
@@ -37,11 +45,11 @@ def plot_attention(weights, source: list[str], target: list[str], path: str | Pa
     ax.set_ylabel("output")
     if title:
         ax.set_title(title)
-    return save_figure(fig, path, dpi=120)
+    return finish(fig, path, dpi=120)
 
 
-def plot_caption_attention(image, words: list[str], alphas, grid: tuple[int, int], path: str | Path,
-                           columns: int = 5) -> Path:
+def plot_caption_attention(image, words: list[str], alphas, grid: tuple[int, int], path: str | Path | None = None,
+                           columns: int = 5) -> Figure:
     """Xu et al.'s figure: the image once, then one panel per word with its attention lit up.
 
     image [3, H, W] uint8 (or [H, W, 3]); alphas [len(words), h * w], row t over the grid cells;
@@ -60,7 +68,8 @@ def plot_caption_attention(image, words: list[str], alphas, grid: tuple[int, int
     maps = maps[:, 0].clamp(min=0).numpy()
     panels = len(words) + 1
     rows = -(-panels // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(2.2 * columns, 2.4 * rows), squeeze=False)
+    fig = Figure(figsize=(2.2 * columns, 2.4 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     axes.flat[0].imshow(img)
@@ -70,4 +79,4 @@ def plot_caption_attention(image, words: list[str], alphas, grid: tuple[int, int
         ax.imshow(img)
         ax.imshow(m / max(m.max(), 1e-9), cmap="gray", alpha=0.6, vmin=0, vmax=1)
         ax.set_title(word, fontsize=10)
-    return save_figure(fig, path, dpi=100)
+    return finish(fig, path, dpi=100)

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # no screen needed
-import matplotlib.pyplot as plt
-
-from attnkit.viz.attention import save_figure
+from attnkit.viz.attention import finish
 
 
 def bucket_label(row: dict) -> str:
     return f"{row['min_len']}+" if row["max_len"] is None else f"{row['min_len']}-{row['max_len']}"
 
 
-def plot_bleu_by_length(systems: dict[str, list[dict]], path: str | Path, title: str = "",
-                        xlabel: str = "source sentence length (words)") -> Path:
+def plot_bleu_by_length(systems: dict[str, list[dict]], path: str | Path | None = None, title: str = "",
+                        xlabel: str = "source sentence length (words)") -> Figure:
     """systems: name -> the rows of ``attnkit.evaluate.bleu_by_length`` ({min_len, max_len, n, bleu}).
 
     One line per system over the union of their buckets, with each bucket's sentence count under
@@ -27,7 +24,8 @@ def plot_bleu_by_length(systems: dict[str, list[dict]], path: str | Path, title:
                       for rows in systems.values() for r in rows})
     position = {b: i for i, b in enumerate(buckets)}
     counts: dict[tuple, int] = {}
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(buckets) + 2), 3.8))
+    fig = Figure(figsize=(max(5.0, 1.0 * len(buckets) + 2), 3.8))
+    ax = fig.subplots()
     for name, rows in systems.items():
         xs, ys = [], []
         for r in sorted(rows, key=lambda r: r["min_len"]):
@@ -48,19 +46,20 @@ def plot_bleu_by_length(systems: dict[str, list[dict]], path: str | Path, title:
     ax.legend()
     if title:
         ax.set_title(title)
-    return save_figure(fig, path)
+    return finish(fig, path)
 
 
 _NAMES = {"rnn": "RNN (GRU)", "conv": "convolution", "self_attention": "self-attention",
           "self_attention_fused": "self-attention (fused)"}
 
 
-def plot_complexity(rows: list[dict], path: str | Path, title: str = "") -> Path:
+def plot_complexity(rows: list[dict], path: str | Path | None = None, title: str = "") -> Figure:
     """rows of ``attnkit.bench_complexity.measure``: time, saved memory and FLOPs of one layer against n,
     log-log, one colour per layer and one line per width d (darker = wider)."""
     panels = (("total_ms", "forward + backward (ms)"), ("saved_bytes", "saved for backward (bytes)"),
               ("flops", "forward FLOPs"))
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    fig = Figure(figsize=(14, 4.2))
+    axes = fig.subplots(1, 3)
     colours = dict(zip(_NAMES, ("tab:red", "tab:green", "tab:blue", "tab:purple")))
     styles = dict(zip(_NAMES, ("-", "--", "-.", ":")))  # the RNN's and the k=3 convolution's FLOPs coincide
     ds = sorted({r["d"] for r in rows})
@@ -78,13 +77,14 @@ def plot_complexity(rows: list[dict], path: str | Path, title: str = "") -> Path
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
     fig.suptitle((title + ", " if title else "") + f"d = {', '.join(map(str, ds))} (darker = wider)", fontsize=10)
-    return save_figure(fig, path)
+    return finish(fig, path)
 
 
-def plot_curves(series: dict[str, list[tuple[float, float]]], path: str | Path, xlabel: str, ylabel: str,
-                title: str = "") -> Path:
+def plot_curves(series: dict[str, list[tuple[float, float]]], path: str | Path | None = None, xlabel: str = "",
+                ylabel: str = "", title: str = "") -> Figure:
     """series: name -> [(x, y), ...], e.g. validation loss against training step, one line each."""
-    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    fig = Figure(figsize=(6.0, 3.8))
+    ax = fig.subplots()
     for name, points in series.items():
         ax.plot([x for x, _ in points], [y for _, y in points], marker=".", label=name)
     ax.set_xlabel(xlabel)
@@ -93,4 +93,4 @@ def plot_curves(series: dict[str, list[tuple[float, float]]], path: str | Path, 
     ax.legend()
     if title:
         ax.set_title(title)
-    return save_figure(fig, path)
+    return finish(fig, path)

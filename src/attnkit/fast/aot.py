@@ -1,14 +1,14 @@
 """Search steps compiled ahead of time: ``torch.export`` and AOTInductor, one call into a shared library a step.
 
-:func:`~attnkit.decode.search.compile_step`'s graphs run Inductor's kernels behind Python: Dynamo's guards and the
+:func:`~attnkit.fast.compile.compile_step`'s graphs run Inductor's kernels behind Python: Dynamo's guards and the
 bytecode that takes the state apart and builds it again, AOTAutograd's wrappers, sizes turned into tensors. For
 one sentence the Multi30k model's compiled greedy step took 612-697 us, about half of it in its kernels; exported
 with the state as a flat list of tensors and compiled by AOTInductor, the same step took 307-322 us (and 2.15
 against 2.6 ms for 64 sentences; AVX-512 Xeon, one thread).
 
 A state can be exported if it is a flat list of tensors (``state.tensors()``, and the classmethod
-``from_tensors(tensors, beams)`` that builds it again, its offset read from a size): the Transformer's
-:class:`~attnkit.models.transformer.DecoderState`. Other states, and steps that return attention weights, run the
+``from_tensors(tensors, beams)`` that builds it again, its offset read from a size): the fast decoder's
+:class:`~attnkit.fast.decoding.GroupedDecoderState`. Other states, and steps that return attention weights, run the
 fallback (``compile_step``'s torch.compile graph).
 
 Each package holds the model's weights as constants of its own: a search makes two (its first step, its later
@@ -31,9 +31,11 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch.export import Dim
 from torch.utils._sympy.numbers import int_oo
 
+from attnkit.fast.decoding import GroupedDecoderState
+
 
 class AheadOfTimeStep:
-    """``search_step`` (:func:`~attnkit.decode.search.greedy_step` or :func:`~attnkit.decode.search.beam_step`)
+    """``search_step`` (:func:`~attnkit.fast.compile.greedy_search_step` or ``beam_search_step``)
     of ``model.step`` as ``step`` (its eager version), called as a search calls it: ``(tokens, state, *tensors,
     t, *flags)``, where the first flag is ``need_weights``.
 
@@ -78,7 +80,7 @@ class AheadOfTimeStep:
 
 
 def exportable(state) -> bool:
-    return hasattr(state, "tensors") and hasattr(type(state), "from_tensors")
+    return isinstance(state, GroupedDecoderState)
 
 
 def _constant_dims(x: Tensor) -> range:

@@ -1,4 +1,5 @@
-"""Dropout (Srivastava et al. 2014) with a cheaper random source on CPU.
+"""Dropout (Srivastava et al. 2014) with a cheaper random source on CPU: the fast runtime's ``"dropout16"``, which
+replaces every ``nn.Dropout`` of a model (:func:`attnkit.fast.use`).
 
 PyTorch's CPU dropout draws one Bernoulli sample per element: forward and backward of a [1500, 256]
 activation took 3.97 ms on one core of this machine, and a small Transformer's training step has 22
@@ -38,7 +39,7 @@ class _CpuDropout(torch.autograd.Function):
         return grad * mask, None
 
 
-def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+def dropout16(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``; identity unless training."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -51,8 +52,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return _CpuDropout.apply(x, p)
 
 
-class Dropout(nn.Module):
-    """``nn.Dropout`` with the cheaper CPU random source of :func:`dropout`; any shape in, same shape out."""
+class Dropout16(nn.Module):
+    """``nn.Dropout`` with the cheaper CPU random source of :func:`dropout16`; any shape in, same shape out."""
 
     def __init__(self, p: float = 0.5):
         super().__init__()
@@ -61,7 +62,7 @@ class Dropout(nn.Module):
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        return dropout(x, self.p, self.training)
+        return dropout16(x, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

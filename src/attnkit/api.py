@@ -1,0 +1,338 @@
+"""Trained models from Python in one line: ``attnkit.load(path)``.
+
+    >>> import attnkit
+    >>> model = attnkit.load("runs/multi30k_en_de")       # a run directory or a checkpoint directory
+    >>> model.translate(["A dog runs in the park."], beam=5)
+    >>> att = model.attention("A dog runs.")              # every attention tensor of one example
+    >>> att.cross[0].shape                                # [heads, target, source] of the first decoder layer
+
+The object :func:`load` returns offers what the checkpoint's family can do (``model.capabilities``): translate,
+generate, caption, score, attention, align; asking for anything else is a one-line error. Loading imports the
+model families, tokenizers and decoding, never the training stack.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attnkit.checkpoint import load_checkpoint
+from attnkit.errors import AttnkitError
+from attnkit.tokens import BOS, EOS, PAD
+
+ATTENTION_KINDS = ("encoder", "decoder", "cross")
+
+
+@dataclass
+class Attention:
+    """Every attention of one example, per layer, each [heads, queries, keys] (the batch dimension dropped).
+
+    ``source`` and ``target`` are the tokens on the axes (``target`` starts with BOS: row t is the attention while
+    predicting the t-th output token). ``encoder``: source over source; ``decoder``: target over target so far
+    (a language model's only attention); ``cross``: target over source (one layer of one head for RNNsearch and
+    Show-Attend-Tell).
+
+    ``text`` is the target as text (the given one, or the model's own output) and ``score`` its log-probability
+    (summed over its tokens and EOS), both under the interventions :meth:`Model.attention` was asked for.
+    """
+
+    source: list[str]
+    target: list[str]
+    encoder: list[Tensor] = field(default_factory=list)
+    decoder: list[Tensor] = field(default_factory=list)
+    cross: list[Tensor] = field(default_factory=list)
+    text: str | None = None
+    score: float | None = None
+
+
+class Model:
+    """A trained model with its tokenizers and decoding settings (from the checkpoint's config).
+
+    ``model.module`` is the ``torch.nn.Module`` (in eval mode), ``model.config`` the experiment config, ``model.path``
+    the checkpoint directory. Decoding runs the fast runtime's decoder (same results as the core's, less work);
+    :meth:`compile` compiles it.
+    """
+
+    def __init__(self, module, config, tokenizers, path: Path):
+        from attnkit import fast
+
+        self.module, self.config, self.tokenizers, self.path = module, config, tokenizers, Path(path)
+        self.decoder = fast.decoder(module)
+        self._image_encoder = None  # a captioner's CNN, loaded on first use
+
+    @property
+    def family(self) -> str:
+        return self.module.family
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return self.module.capabilities
+
+    def __repr__(self) -> str:
+        return f"<attnkit {self.family} model from {self.path} ({', '.join(sorted(self.capabilities))})>"
+
+    def compile(self, ahead_of_time: bool = True, freeze: bool = True) -> Model:
+        """Compile the decoding steps (a minute or so, then faster; see docs/performance.md). Returns self."""
+        from attnkit import fast
+
+        self.decoder = fast.compile_step(self.module, freeze=freeze, ahead_of_time=ahead_of_time)
+        return self
+
+    # --- what a family can do
+
+    def translate(self, sentences: str | list[str], beam: int | None = None, len_penalty: float | None = None,
+                  n_best: int = 1, batch_tokens: int = 4000, details: bool = False, **sampling):
+        """Translate one sentence (-> a string) or a list (-> a list of strings). ``beam`` 1 is greedy; ``details``
+        returns :class:`~attnkit.decode.Translation` objects (n-best hypotheses with scores); ``sampling``:
+        ``temperature``, ``top_k``, ``top_p``, ``seed``."""
+        from attnkit.decode import translate
+
+        self.module.require("translate")
+        one = isinstance(sentences, str)
+        d = self.config.decode
+        penalty = d.len_penalty if len_penalty is None else len_penalty
+        out = translate(self.decoder, self.tokenizers, [sentences] if one else list(sentences),
+                        beam_size=beam or d.beam_size, len_penalty=penalty, n_best=n_best, max_len_a=d.max_len_a,
+                        max_len_b=d.max_len_b, batch_tokens=batch_tokens, **sampling)
+        result = out if details else [t.text[0] if n_best == 1 else t.text for t in out]
+        return result[0] if one else result
+
+    def generate(self, prompt: str = "", max_new_tokens: int = 200, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | None = None, on_text=None) -> str:
+        """Continue ``prompt`` (a language model): the prompt and its continuation as text. ``on_text`` receives
+        the text piece by piece as it is sampled."""
+        from attnkit.decode import complete
+
+        self.module.require("generate")
+        return complete(self.decoder, self.tokenizers, prompt, max_new_tokens, temperature, top_k, top_p, seed,
+                        on_text=on_text).text
+
+    def caption(self, images, beam: int | None = None, details: bool = False):
+        """Caption image files (a path -> a string, a list -> a list of strings); ``details`` returns
+        :class:`~attnkit.decode.Caption` objects whose hypotheses carry the attention over the image grid."""
+        from attnkit.decode import caption
+
+        self.module.require("caption")
+        one = isinstance(images, (str, Path))
+        grids = self.image_grids([images] if one else list(images))
+        d = self.config.decode
+        out = caption(self.decoder, self.tokenizers, grids, beam_size=beam or d.beam_size, len_penalty=d.len_penalty,
+                      max_len=d.max_caption_len, need_weights=details)
+        result = out if details else [c.text[0] for c in out]
+        return result[0] if one else result
+
+    def image_grids(self, paths: list) -> Tensor:
+        """The CNN feature grids [N, L, D] a captioner reads, of these image files."""
+        from attnkit.data import load_image
+        from attnkit.nn.vision import load_pretrained, normalize
+
+        if self._image_encoder is None:
+            self._image_encoder = load_pretrained(self.config.data.image_grid).eval()
+        with torch.no_grad():
+            pixels = normalize(torch.stack([load_image(p) for p in paths]))
+            return self._image_encoder.forward_features(pixels).flatten(2).transpose(1, 2)
+
+    @torch.no_grad()
+    def score(self, sources, targets=None) -> list[float]:
+        """log p(target | source) of each pair, summed over the target's tokens and EOS. A language model scores
+        texts: ``score(["To be or not"])``. A captioner's sources are image files."""
+        self.module.require("score")
+        if self.family == "transformer_lm":
+            if targets is not None:
+                raise AttnkitError("a language model scores texts: score(texts), without targets")
+            sources, targets = None, sources
+        if isinstance(targets, str):
+            raise AttnkitError("score takes lists: score([source, ...], [target, ...])")
+        if sources is not None and len(sources) != len(targets):
+            raise AttnkitError(f"score: {len(sources)} sources but {len(targets)} targets")
+        scores = []
+        for i, target in enumerate(targets):
+            src = None if sources is None else self._source(sources[i])
+            ids = self._target_ids(target)
+            tgt_in, tgt_out = torch.tensor([[BOS] + ids]), torch.tensor([ids + [EOS]])
+            out = self.module(src, tgt_in, targets=tgt_out)
+            scores.append(-float(out.nll))
+        return scores
+
+    @torch.no_grad()
+    def attention(self, source, target: str | None = None, mask_heads=(), mask_source=()) -> Attention:
+        """Every attention tensor of one example: for ``target``, or for the model's own output (its translation,
+        caption, or for a language model the text ``source`` itself), with its text and score.
+
+        Interventions (see :meth:`intervene`): ``mask_heads`` [(kind, layer, head), ...] silences heads,
+        ``mask_source`` [position, ...] hides source tokens (positions in ``Attention.source``); the model's own
+        output is then what the intervened model decodes."""
+        self.module.require("attention")
+        length = self._source_length(source) if mask_source and self.family != "transformer_lm" else None
+        with self.intervene(mask_heads, mask_source, source_length=length):
+            if self.family == "transformer_lm":
+                target = source if target is None else target
+                ids = self._target_ids(target)
+                src, tgt_in = None, torch.tensor([[BOS] + ids])
+                source_tokens = []
+            else:
+                if target is None:
+                    target = self.caption(source) if "caption" in self.capabilities else self.translate(source)
+                ids = self._target_ids(target)
+                src, tgt_in = self._source(source), torch.tensor([[BOS] + ids])
+                source_tokens = self._source_tokens(source)
+            out = self.module(src, tgt_in, targets=torch.tensor([ids + [EOS]]), need_weights=True)
+        maps = out.attention
+        return Attention(source_tokens, ["<s>"] + self._pieces(ids), [w[0] for w in maps.encoder if w is not None],
+                         [w[0] for w in maps.decoder if w is not None], [w[0] for w in maps.cross if w is not None],
+                         target, -float(out.nll))
+
+    def attention_modules(self) -> dict[str, list]:
+        """The multi-head attention modules of each kind ("encoder", "decoder", "cross"), one per layer, as
+        :meth:`attention` lists their weights (empty where the family has none: RNNs, convolutions)."""
+        from attnkit.nn.attention import MultiHeadAttention
+
+        def of(layers, name):
+            found = [getattr(layer, name, None) for layer in (layers or [])]
+            return found if found and all(isinstance(m, MultiHeadAttention) for m in found) else []
+
+        m = self.module
+        if self.family == "transformer_lm":
+            return {"encoder": [], "decoder": of(m.layers, "self_attn"), "cross": []}
+        decoder = getattr(m, "decoder", None)
+        decoder = decoder if isinstance(decoder, torch.nn.ModuleList) else None
+        return {"encoder": of(getattr(m, "encoder", None) if isinstance(getattr(m, "encoder", None),
+                                                                        torch.nn.ModuleList) else None, "self_attn"),
+                "decoder": of(decoder, "self_attn"), "cross": of(decoder, "cross_attn")}
+
+    @contextmanager
+    def intervene(self, mask_heads=(), mask_source=(), source_length: int | None = None):
+        """Within this block the model computes with heads silenced and source tokens hidden, in every pass
+        (decoding, teacher forcing, scoring). Not thread-safe: it changes the module while the block runs.
+
+        ``mask_heads``: [(kind, layer, head), ...], kind "encoder", "decoder" or "cross", layer and head from 0; a
+        head is silenced by zeroing its slice of the attention's output projection input (a forward pre-hook on
+        ``out_proj``), so the layer goes on with the other heads. ``mask_source``: positions of the source (as
+        :meth:`attention` lists it, EOS included; a captioner's grid cells) made padding: no attention reaches
+        them (a Transformer's encoder included). ``source_length`` checks the positions. A wrong kind, layer,
+        head or position is a one-line error naming ``mask_heads`` or ``mask_source``."""
+        heads = self._heads_to_mask(mask_heads)
+        try:
+            positions = sorted({int(p) for p in mask_source})
+        except (TypeError, ValueError):
+            raise AttnkitError(f"mask_source: expected a list of source positions, got {mask_source!r}") from None
+        if positions:
+            self._check_source_mask(positions, source_length)
+        handles = []
+        try:
+            for attn, silenced in heads.items():
+                keep = torch.ones(attn.d_model)
+                for h in silenced:
+                    keep[h * attn.d_head:(h + 1) * attn.d_head] = 0.0
+                handles.append(attn.out_proj.register_forward_pre_hook(
+                    lambda _module, args, keep=keep: (args[0] * keep.to(args[0]),) + tuple(args[1:])))
+            if positions:
+                self.module.encode = self._masked_encode(self.module.encode, positions)
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.module.__dict__.pop("encode", None)
+
+    def _heads_to_mask(self, mask_heads) -> dict:
+        modules = self.attention_modules() if mask_heads else {}
+        heads: dict = {}
+        for i, entry in enumerate(mask_heads):
+            where = f"mask_heads[{i}]"
+            try:
+                kind, layer, head = entry
+                layer, head = int(layer), int(head)
+            except (TypeError, ValueError):
+                raise AttnkitError(f"{where}: expected [kind, layer, head], got {entry!r}") from None
+            if kind not in ATTENTION_KINDS:
+                raise AttnkitError(f"{where}: kind {kind!r} is not one of {', '.join(ATTENTION_KINDS)}")
+            layers = modules[kind]
+            if not layers:
+                raise AttnkitError(f"{where}: a {self.family} model has no multi-head {kind} attention")
+            if not 0 <= layer < len(layers):
+                raise AttnkitError(f"{where}: layer {layer} out of range ({kind} attention has {len(layers)} "
+                                   "layers, from 0)")
+            if not 0 <= head < layers[layer].n_heads:
+                raise AttnkitError(f"{where}: head {head} out of range ({layers[layer].n_heads} heads, from 0)")
+            heads.setdefault(layers[layer], set()).add(head)
+        return heads
+
+    def _check_source_mask(self, positions: list[int], source_length: int | None) -> None:
+        if self.family in ("transformer_lm", "show_attend_tell", "rnn_encdec"):
+            what = "no source" if self.family == "transformer_lm" else "no source padding to hide tokens with"
+            raise AttnkitError(f"mask_source: a {self.family} model has {what}")
+        if source_length is not None and not all(0 <= p < source_length for p in positions):
+            raise AttnkitError(f"mask_source: positions must be in 0..{source_length - 1} (the source's tokens), "
+                               f"got {positions}")
+
+    def _masked_encode(self, encode, positions: list[int]):
+        """``encode`` with ``positions`` of the source made padding: a token source's ids become PAD (a Transformer
+        then hides them from its encoder too); otherwise the memory's padding mask hides them from the decoder."""
+        index = torch.tensor(positions)
+        if self.family in ("transformer", "conv_transformer"):
+            def masked(src, *args, **kwargs):
+                return encode(src.index_fill(1, index.to(src.device), PAD), *args, **kwargs)
+            return masked
+
+        def masked_memory(source, *args, **kwargs):
+            out = encode(source, *args, **kwargs)
+            memory, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, None)
+            mask = memory.padding_mask.index_fill(1, index.to(memory.padding_mask.device), True)
+            memory = replace(memory, padding_mask=mask)
+            return memory if rest is None else (memory, *rest)
+        return masked_memory
+
+    def align(self, sentence: str, beam: int | None = None, layer: int | None = None, head: int | None = None):
+        """Translate ``sentence`` and return its :class:`~attnkit.decode.Alignment` (words on both axes), ready for
+        :func:`attnkit.viz.plot_attention`."""
+        from attnkit.decode import align
+
+        self.module.require("align")
+        d = self.config.decode
+        return align(self.module, self.tokenizers, sentence, beam_size=beam or d.beam_size, len_penalty=d.len_penalty,
+                     max_len_a=d.max_len_a, max_len_b=d.max_len_b, layer=layer, head=head)
+
+    # --- tokens
+
+    def _target_tokenizer(self):
+        return getattr(self.tokenizers, "tgt", self.tokenizers)
+
+    def _target_ids(self, text: str) -> list[int]:
+        return self._target_tokenizer().encode([text])[0]
+
+    def _pieces(self, ids: list[int]) -> list[str]:
+        return list(self._target_tokenizer().id_to_piece(ids))
+
+    def _source(self, source) -> Tensor:
+        if "caption" in self.capabilities:
+            return self.image_grids([source])
+        ids = self.tokenizers.src.encode([source])[0] + [EOS]
+        return torch.tensor([ids], dtype=torch.long)
+
+    def _source_length(self, source) -> int:
+        """How many positions the source has (as :meth:`attention` lists them), without encoding it."""
+        if "caption" in self.capabilities:
+            from attnkit.nn.vision import grid_shape
+
+            _, h, w = grid_shape(self.config.data.image_grid)
+            return h * w
+        return len(self.tokenizers.src.encode([source])[0]) + 1
+
+    def _source_tokens(self, source) -> list[str]:
+        if "caption" in self.capabilities:
+            return [f"cell {i}" for i in range(self._source(source).size(1))]
+        return self.tokenizers.src.pieces(source) + ["</s>"]
+
+
+def load(path: str | Path) -> Model:
+    """The model of a run directory (its best checkpoint, else averaged, else last) or of a checkpoint directory,
+    verified and in eval mode."""
+    module, config, tokenizers, directory = load_checkpoint(path)
+    return Model(module, config, tokenizers, directory)
+
+
+__all__ = ["Attention", "Model", "load"]

@@ -1,0 +1,39 @@
+"""The fast runtime: every speed trick in one room, opt-in by name, each tested equal to the core (:mod:`attnkit.nn`).
+
+* :func:`use` installs tricks on a model by name (:mod:`attnkit.fast.runtime`): 16-bit dropout, the fused output
+  projection + loss, fused and single-query attention kernels.
+* :class:`FastDecoder` decodes any model of the contract with beam-grouped cross-attention, cache reordering left
+  to the next step and chunked ranking (:mod:`attnkit.fast.decoding`).
+* :func:`compile_step` compiles a decoder with ``torch.compile``, and its search steps ahead of time with
+  AOTInductor (:mod:`attnkit.fast.compile`, :mod:`attnkit.fast.aot`).
+* :func:`keep_freed_memory` keeps freed memory for reuse (:mod:`attnkit.fast.memory`).
+
+The kernels and module tricks (attention, dropout, loss, ranking, memory, runtime) sit beside the core and import
+only it; the decoders (decoding, compile, aot) sit beside :mod:`attnkit.decode` and import the models and the
+search, never training. Importing this package does not import the compilers; :func:`compile_step` does when called.
+"""
+
+from __future__ import annotations
+
+from attnkit.fast.decoding import FastDecoder
+from attnkit.fast.memory import keep_freed_memory
+from attnkit.fast.runtime import TRAINING, TRICKS, reference, use
+
+
+def compile_step(model, **options):
+    """:func:`attnkit.fast.compile.compile_step` (imported when first called)."""
+    from attnkit.fast.compile import compile_step as compile
+
+    return compile(model, **options)
+
+
+def decoder(model, compile: bool = False, **options):
+    """The fastest decoder of ``model`` this runtime offers: its decoding kernels installed, then a
+    :class:`FastDecoder`, or with ``compile`` a compiled one (``options``: :func:`compile_step`'s)."""
+    if compile:
+        return compile_step(model, **options)
+    use(model, "fused_attention", "decoding_attention")
+    return FastDecoder(model)
+
+
+__all__ = ["TRAINING", "TRICKS", "FastDecoder", "compile_step", "decoder", "keep_freed_memory", "reference", "use"]

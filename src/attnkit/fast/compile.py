@@ -1,0 +1,202 @@
+"""Decoding compiled with ``torch.compile`` and, ahead of time, with ``torch.export`` and AOTInductor.
+
+:func:`compile_step` returns a :class:`CompiledDecoder`: the decoding interface of the model it was given
+(``encode``, ``init_state``, ``step``, ``search_steps``), each compiled, over a copy of the model prepared for
+inference (column-major weights, optionally a packed output layer). Outputs may round differently from eager
+ones: ``bench/translate_throughput.py`` counts the outputs that differ and scores both; the tests check equal
+hypotheses on small models.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.decode.search import beam_step, greedy_step
+from attnkit.fast.decoding import FastDecoder
+from attnkit.fast.ranking import argmax_rows, best_extensions
+from attnkit.fast.runtime import use
+from attnkit.models.contract import device_of
+
+
+def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
+                 ahead_of_time: bool = False) -> CompiledDecoder:
+    """A decoder of ``model`` (a model of the contract or a :class:`FastDecoder`) whose ``encode``, ``init_state``,
+    ``step`` and search steps are compiled with ``torch.compile``, for inference (CPU or GPU). The decoder holds a
+    copy of the model, prepared for inference: the model itself is left as it was.
+
+    * Shapes are dynamic (the batch shrinks, the cache grows every step): one graph serves every step after the
+      first two (cache lengths 0 and 1 are compiled apart), one the encoder, whatever the source length.
+    * Greedy decoding and beam search compile the model's step together with the choice of the next tokens
+      (:func:`greedy_search_step`, :func:`beam_search_step`), one graph each; ``step`` alone serves sampling.
+    * Every linear weight [out, in] is stored column-major (same values and shape, strides (1, out)), so that
+      ``x @ W^T`` hands BLAS a contiguous [in, out] matrix: faster at a decoding step's few rows.
+    * ``cpp_wrapper``: Inductor calls the kernels from C++ instead of generated Python.
+    * ``freeze``: Inductor treats the weights as constants; the output projection may then be a oneDNN product
+      with its weight packed once (``pack_output``; None: if that measures faster on this machine, on 32 rows).
+    * ``ahead_of_time``: the search steps are exported and compiled by AOTInductor (:mod:`attnkit.fast.aot`)
+      where the decoder's state allows it (the Transformer's grouped state), without the Python that
+      torch.compile runs around each call.
+
+    What each of these gains, measured on which machine, is in docs/performance.md.
+    """
+    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time)
+
+
+def greedy_search_step(step, tokens: Tensor, state, limits: Tensor, t: int, need_weights: bool = False):
+    """:func:`~attnkit.decode.search.greedy_step` with the chunked argmax."""
+    return greedy_step(step, tokens, state, limits, t, need_weights, argmax=argmax_rows)
+
+
+def beam_search_step(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limits: Tensor, t: int,
+                     need_weights: bool = False, at_limit: bool = True):
+    """:func:`~attnkit.decode.search.beam_step` with the chunked top-k. The length-limit mask is always applied
+    (``at_limit`` is not read): a graph that branched on the flag would be compiled twice."""
+    return beam_step(step, tokens, state, scores, history, limits, t, need_weights, True, best=best_extensions)
+
+
+class CompiledDecoder(nn.Module):
+    """A :class:`FastDecoder` over a copy of the model, with its functions compiled (:func:`compile_step`)."""
+
+    def __init__(self, model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
+                 ahead_of_time: bool = False):
+        super().__init__()
+        inner = model.model if isinstance(model, FastDecoder) else model
+        inner = copy.deepcopy(inner).eval()
+        use(inner, "fused_attention", "decoding_attention")
+        # the model is not changed after this, so most checks that its modules' attributes are still the same can go
+        options = {"cpp_wrapper": cpp_wrapper, "guard_filter_fn": _keep_identities_and_constants}
+        can_pack = freeze and torch.backends.mkldnn.is_available() and device_of(inner).type == "cpu"
+        output = getattr(inner, "output", None)
+        if isinstance(output, nn.Linear):
+            prepack = can_pack and (_packing_pays(output.weight.detach()) if pack_output is None else pack_output)
+            if prepack:
+                _register_fake_weight_packing()
+            inner.output = _OutputProjection(output, prepack)
+        _store_column_major(inner)
+        self.decoder = FastDecoder(inner)
+        self.family, self.capabilities, self.cfg = inner.family, inner.capabilities, inner.cfg
+        eager_step = self.decoder.step
+
+        # Sizes 0 and 1 are compiled apart (cache lengths 0 and 1, one sentence left), as are greedy and beam steps
+        # and cache layouts that differ only in the strides of size-1 dimensions: greedy decoding and beam search
+        # at batches 1 and 64 made 10 step graphs, past Dynamo's default limit of 8, above which it runs eager.
+        def compile(fn):
+            compiled = torch.compile(fn, dynamic=True, options=options, recompile_limit=32)
+            return _frozen(compiled) if freeze else compiled
+
+        # greedy decoding and beam search compile the step with their choice of the next tokens (one graph, where the
+        # choice alone was some 35 small eager operations a step); step itself serves sampling
+        steps = {"greedy_step": greedy_search_step, "beam_step": beam_search_step}
+        self._search_steps = {name: compile(partial(fn, eager_step)) for name, fn in steps.items()}
+        if ahead_of_time:
+            from attnkit.fast.aot import AheadOfTimeStep
+
+            self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name])
+                                  for name, fn in steps.items()}
+        self.encode = compile(self.decoder.encode)
+        self.init_state = compile(self.decoder.init_state)
+        self.step = compile(eager_step)
+
+    def forward(self, *args, **kwargs):
+        return self.decoder(*args, **kwargs)
+
+    def require(self, capability: str) -> None:
+        self.decoder.require(capability)
+
+    def search_steps(self) -> dict:
+        return self._search_steps
+
+
+
+class _OutputProjection(nn.Module):
+    """``nn.Linear`` with its weight kept as [d_in, d_out]: ``x @ W^T`` without a transposed operand; or, with
+    ``prepack`` (for a frozen compiled model), a oneDNN product with the weight packed once, when compiled."""
+
+    def __init__(self, linear: nn.Linear, prepack: bool = False):
+        super().__init__()
+        self.prepack = prepack
+        weight = linear.weight.detach()
+        self.register_buffer("weight", weight.clone() if prepack else weight.t().contiguous())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.prepack and torch.compiler.is_compiling():
+            # frozen, the packing has only constant inputs, so Inductor runs it once, when it compiles
+            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        out = x @ (self.weight.t() if self.prepack else self.weight)
+        return out if self.bias is None else out + self.bias
+
+
+@functools.cache
+def _register_fake_weight_packing() -> None:
+    """Let torch.compile trace ``mkldnn::_reorder_linear_weight``: PyTorch gives it no fake kernel, as Inductor only
+    inserts it after tracing. The packed weight is opaque; the product's shape rule reads only its size."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("mkldnn::_reorder_linear_weight", "Meta"):
+        torch.library.register_fake("mkldnn::_reorder_linear_weight")(
+            lambda weight, batch_size=None: weight.new_empty(weight.shape))
+
+
+def _store_column_major(model: nn.Module) -> None:
+    """Every ``nn.Linear`` weight [out, in] of ``model`` stored column-major: ``F.linear`` then multiplies by a
+    contiguous [in, out] matrix, which BLAS runs faster at a decoding step's few rows (see :func:`compile_step`).
+    Slices of the weight (the attention's Q and K/V thirds) are row ranges, which stay plain matrices for BLAS."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.weight.stride(0) != 1:
+            module.weight = nn.Parameter(module.weight.detach().t().contiguous().t(), requires_grad=False)
+
+
+def _packing_pays(weight: Tensor, rows: int = 32, repeats: int = 20) -> bool:
+    """Whether oneDNN's packed product ``x @ weight^T`` beats the plain one with ``weight`` [out, in] transposed
+    once, on this machine: the better of five timings of ``repeats`` products of ``rows`` rows each."""
+    x = weight.new_empty(rows, weight.size(1)).normal_()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    plain = weight.t().contiguous()
+
+    def best(product) -> float:
+        product()  # warm-up
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                product()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")) < best(lambda: x @ plain)
+
+
+def _keep_identities_and_constants(guard_entries) -> list[bool]:
+    """Dynamo's guards for a compiled model, which is not changed after :func:`compile_step`: of those on its
+    modules' attributes, only the identity checks (of the weights, when frozen) and the constants' (flags such as
+    ``_OutputProjection.prepack``). Every compiled model shares ``step``'s code, and so the graphs Dynamo keeps for
+    it: without the identity checks a second frozen model in the same process ran the first one's graph, whose
+    weights are constants; without the constants' a frozen model ran an unfrozen model's graph, which reads the
+    output projection's weight in the other layout (both tested). Of ~1,200 guards, Dynamo's cache lookup for a
+    5-beam step took 67-77 us with the frozen model's 74 identity checks alone against 117-234 us with all
+    (torch.profiler, three runs each); decoding end to end showed no difference beyond this machine's noise."""
+    return [e.guard_type in ("ID_MATCH", "CONSTANT_MATCH") or not e.orig_guard.source.is_unspecialized_nn_module()
+            for e in guard_entries]
+
+
+def _frozen(compiled):
+    """Run ``compiled`` with Inductor's freezing on. ``torch.compile(options={"freezing": True})`` is not enough:
+    Dynamo reads the global setting when it traces (to make the weights graph constants, not inputs), and it
+    traces inside a call, whenever a new shape needs a graph; so the setting is on for every call."""
+    import torch._inductor.config as inductor_config
+
+    # one patch object: entering it costs ~6 us, making one 18. Inductor would prepack every linear layer for
+    # oneDNN (dynamic shapes rule out MKL's packing): only the output projection packs itself (_OutputProjection)
+    freezing = inductor_config.patch({"freezing": True, "cpp.weight_prepack": False})
+
+    def call(*args, **kwargs):
+        with freezing:
+            return compiled(*args, **kwargs)
+
+    return call

@@ -1,0 +1,125 @@
+"""The model contract: what every family offers, declared once, so that decoding, training, serving and the
+plots are written once.
+
+A generating model (:class:`GenerativeModel`) offers::
+
+    memory = model.encode(source)                        # once per batch: token ids [B, S] or image grids [B, L, D]
+    state = model.init_state(memory)                     # a DecodingState: caches, recurrent state, the memory
+    log_probs, state, attention = model.step(tokens, state, need_weights)   # tokens [N] -> [N, V], [N, S] or None
+    out = model(source, tgt_in, targets=tgt_out)         # teacher forcing -> ModelOutput(loss, nll, logits, attention)
+
+and its state offers ``select(indices)`` (reorder, repeat or drop rows) and ``repeat_beams(k)`` (every row
+becomes k consecutive rows, its beams), both through :func:`beam_rows` and ``index_select`` on the state's
+own device. ``capabilities`` says what the family can do (translate, generate, caption, score, attention,
+align), so callers ask, never probe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class AttentionMaps:
+    """Every attention of one teacher-forced pass, per layer, each [B, H, T_query, T_key].
+
+    ``encoder``: the encoder's self-attention (source over source); ``decoder``: the decoder's masked
+    self-attention (target over target so far; a language model's only attention); ``cross``: the decoder's
+    attention over the source (RNNsearch's alignment and Show-Attend-Tell's image attention are one layer
+    of one head).
+    """
+
+    encoder: list[Tensor] = field(default_factory=list)
+    decoder: list[Tensor] = field(default_factory=list)
+    cross: list[Tensor] = field(default_factory=list)
+
+
+@dataclass
+class ModelOutput:
+    """What ``model(source, tgt_in, targets=..., need_weights=...)`` returns, for every family.
+
+    ``loss``: the training objective summed over target tokens (label-smoothed NLL, plus any penalty the
+    model's paper adds), None without targets. ``nll``: ``-log p(targets)`` summed, without gradient.
+    ``logits``: [B, T, V] (None when only the loss was asked for and the model never made them).
+    ``attention``: :class:`AttentionMaps` when ``need_weights``.
+    """
+
+    loss: Tensor | None = None
+    nll: Tensor | None = None
+    logits: Tensor | None = None
+    attention: AttentionMaps | None = None
+
+
+def beam_rows(rows: int, k: int, device: torch.device) -> Tensor:
+    """The indices that make every row of a batch ``k`` consecutive rows: [rows * k] = 0,0,..,1,1,.. on
+    ``device`` (where the state lives: an index on another device would fail or copy every step)."""
+    return torch.arange(rows, device=device).repeat_interleave(k)
+
+
+class DecodingState:
+    """A decoder's state between steps. Subclasses implement :meth:`select` and :attr:`rows`/:attr:`device`.
+
+    ``select(indices, same_source)``: ``same_source`` is the caller's promise that every row keeps its source
+    sentence (beam search reordering a sentence's beams); a state may use it to leave its source side alone.
+    """
+
+    @property
+    def rows(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def select(self, indices: Tensor, same_source: bool = False) -> DecodingState:
+        raise NotImplementedError
+
+    def repeat_beams(self, k: int) -> DecodingState:
+        """Every row becomes ``k`` consecutive rows (its beams)."""
+        return self.select(beam_rows(self.rows, k, self.device))
+
+
+class GenerativeModel(nn.Module):
+    """The base of every family that generates a sequence token by token."""
+
+    family: ClassVar[str] = ""
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    def encode(self, source: Tensor):
+        raise NotImplementedError
+
+    def init_state(self, memory) -> DecodingState:
+        raise NotImplementedError
+
+    def step(self, tokens: Tensor, state: DecodingState,
+             need_weights: bool = False) -> tuple[Tensor, DecodingState, Tensor | None]:
+        """tokens [N] (the previous outputs) -> (log-probabilities [N, V], the next state, attention [N, S] over
+        the source (or the tokens so far, for a language model) averaged over heads and layers, or None)."""
+        raise NotImplementedError
+
+    def forward(self, source: Tensor | None, tgt_in: Tensor, targets: Tensor | None = None,
+                label_smoothing: float = 0.0, need_weights: bool = False) -> ModelOutput:
+        raise NotImplementedError
+
+    def search_steps(self) -> dict:
+        """Search steps (:func:`attnkit.decode.search.greedy_step`, ``beam_step``) that this model runs in place of
+        the plain ones, by name: none for a model; the fast runtime's decoders offer compiled ones."""
+        return {}
+
+    def require(self, capability: str) -> None:
+        """A one-line error unless this family can ``capability``."""
+        if capability not in self.capabilities:
+            from attnkit.errors import AttnkitError
+
+            can = ", ".join(sorted(self.capabilities)) or "nothing"
+            raise AttnkitError(f"a {self.family} model cannot {capability} (it can: {can})")
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where ``model`` keeps its weights (the CPU for models without parameters)."""
+    first = next(model.parameters(), None) if isinstance(model, nn.Module) else None
+    return torch.device("cpu") if first is None else first.device

@@ -1,0 +1,492 @@
+"""The HTTP API of ``attnkit serve``: every trained model behind one FastAPI app, decoding in one worker thread that
+gathers concurrent requests into batches (:mod:`attnkit.serve.worker`).
+
+Endpoint contract (JSON in, JSON out; every field not marked required has the default shown)
+=============================================================================================
+
+Common rules
+------------
+* Every ``POST /v1/*`` body may name ``"model"``: one of ``GET /v1/models``' names (default: the first model the
+  server was started with). An unknown name is 404.
+* Errors are one line of JSON, ``{"error": "<field>: <what is wrong>"}``, never a traceback:
+  400 malformed body (not JSON, not an object), 401 missing or wrong API key, 404 unknown model or path,
+  405 wrong method, 413 too large (body bytes, sentences per request, tokens per sentence, image bytes),
+  422 a field of the wrong type or value, an unknown field, or a model that cannot do what was asked,
+  429 the queue is full (header ``Retry-After: <seconds>``), 500 an internal error (logged by the server),
+  504 the request's time limit (``--timeout``) passed.
+* API key (when the server has one: ``--api-key`` or ``ATTNKIT_API_KEY``): ``/v1/*`` and ``/metrics`` need
+  the header ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``. ``/``, ``/health``, ``/docs`` and
+  ``/openapi.json`` need none.
+* Token lists are the model's pieces (subwords, words or characters), e.g. ``["▁Ein", "▁Hund", "</s>"]``.
+  Attention weights are floats rounded to ``precision`` decimals (attention endpoint) or 4.
+* Layers and heads are numbered from 0 everywhere.
+* Size limits (:class:`attnkit.serve.Settings`; the first three are options of ``attnkit serve``): source tokens
+  per sentence 256 (``--max-source-tokens``), batch tokens 4000 (``--max-batch-tokens``), admitted requests 256
+  (``--queue-size``), sentences or texts per request 64, beam 16, generate's max_tokens 1024, JSON body 1 MiB,
+  image 10 MiB.
+
+Streaming (``"stream": true`` on translate and generate): the answer is ``text/event-stream``; each event is
+``event: <name>\\ndata: <one line of JSON>\\n\\n``. Names: ``step`` (one per decided token), ``done`` (last; its
+data is exactly the non-streaming answer), ``error`` (last; ``{"error": ..., "status": <http status>}``, e.g.
+a timeout mid-stream). A client that disconnects frees its place in the queue, and its decoding stops when no
+other request shares the batch.
+
+GET /health
+    -> ``{"status": "ok", "models": ["name", ...], "queue": <requests waiting>, "in_flight": <admitted requests>,
+    "uptime_s": 12.3}``
+
+GET /v1/models
+    -> ``{"models": [{"name": "multi30k_en_de", "family": "transformer", "default": true,
+    "capabilities": ["align", "attention", "score", "translate"], "path": "/abs/checkpoint/dir",
+    "decode": {"beam": 5, "len_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10},
+    "attention": {"encoder": {"layers": 6, "heads": 8}, "decoder": {"layers": 6, "heads": 8},
+    "cross": {"layers": 6, "heads": 8}},      # {"layers": 0, "heads": 0} where the family has none
+    "grid": null,                             # captioners: [height, width] of the image grid
+    "positional": "sinusoidal",              # or "learned", or null (RNNs, Show-Attend-Tell)
+    "max_positions": 256}]}``
+
+POST /v1/translate  (families that can translate)
+    ``{"sentences": ["A dog runs."] (required, 1..64), "beam": <config's>, "len_penalty": <config's>,
+    "n_best": 1 (<= beam), "attention": false, "stream": false}``
+    -> ``{"model": "...", "translations": ["Ein Hund rennt."], "scores": [-1.23],
+    "hypotheses": [[{"text": "...", "score": -1.23}, ...]],   # only when n_best > 1: n_best per sentence
+    "attention": [{"source": ["▁A", "▁dog", ..., "</s>"], "target": ["▁Ein", ..., "</s>"],
+    "weights": [[...source floats...] per target token]}]}``   # only when "attention": cross-attention of
+    the best hypothesis averaged over layers and heads, one row per output step (EOS included)
+    Scores are beam search's (sum of log-probabilities / (length + 1) ** len_penalty); greedy: the sum.
+    Requests with the same model, beam, len_penalty, n_best and attention share batches; the outputs equal
+    ``attnkit translate``'s (offline) decoding of the same sentences.
+    Stream ``step`` events, one per sentence and step: ``{"sentence": 0, "step": 3, "token": "▁rennt",
+    "tokens": ["▁Ein", "▁Hund", "▁rennt"], "text": "Ein Hund rennt", "score": -2.1, "done": false,
+    "beams": [{"tokens": [...], "text": "...", "score": -2.1}, ...],    # beam > 1: the live beams, best first
+    "attention": [...source floats...]}``   # when "attention": the step's cross-attention row (of the best)
+    The current best hypothesis is the best live beam; the event with ``"done": true`` carries the sentence's
+    final best hypothesis (its ``score`` as in the answer).
+
+POST /v1/generate  (language models)
+    ``{"prompt": "", "max_tokens": 100 (0..1024), "temperature": 1.0 (0: greedy), "top_k": 0 (0: all),
+    "top_p": 1.0 (in (0, 1]), "seed": null, "stream": false, "attention": false, "top": 0 (0..50)}``
+    -> ``{"model": "...", "text": "<prompt as read><continuation>", "completion": "<continuation>",
+    "tokens": ["new", "pieces"], "score": <sum of log p of the new tokens, EOS included if it ended>,
+    "steps": [{"token": "x", "top": [["x", 0.61, 0.75], ...]}]}``   # steps only when "top" > 0: per new token
+    the ``top`` most likely next tokens as [piece, model probability, probability it was sampled with (after
+    temperature, top-k, top-p)], from one teacher-forced pass over the result.
+    Stream ``step`` events: ``{"step": 0, "token": "x", "text": "x",    # text: what the token adds
+    "attention": [...floats over the positions so far: BOS, prompt, new tokens...],  # when "attention"
+    "top": [[piece, p, q], ...]}``   # when "top" > 0 and sampling (temperature > 0)
+    Attention rows and ``top`` come with prompts that fit the model's positions together with max_tokens
+    (else the text streams without them).
+
+POST /v1/caption  (captioners; multipart/form-data)
+    fields ``image`` (file, required; at most 10 MiB), ``model``, ``beam`` (config's), ``attention`` (true)
+    -> ``{"model": "...", "caption": "a dog runs", "words": ["a", "dog", "runs", "<end>"], "score": -3.2,
+    "grid": [7, 7], "attention": [[...grid floats, row-major...] per word]}``  # attention: where each word looked
+
+POST /v1/attention  (families with attention; one example)
+    ``{"source": "A dog runs." (a sentence; a language model's text), "image": null (captioners: the image file's
+    bytes as base64, instead of source), "target": null (null: the model's own output, decoded under the
+    interventions), "mask_heads": [["cross", 0, 3], ...] (kind "encoder" | "decoder" | "cross", layer, head),
+    "mask_source": [1, 4] (positions in "source" below, EOS included; a captioner's grid cells), "precision": 4}``
+    -> ``{"model": "...", "family": "transformer", "source": ["▁A", ..., "</s>"], "target": ["<s>", "▁Ein", ...],
+    "output": "Ein Hund rennt.", "score": -1.9,       # log p(output | source) under the interventions
+    "encoder": [[[[...]]]],    # [layer][head][query][key]: source over source
+    "decoder": [[[[...]]]],    # [layer][head][query][key]: target over target (a language model's only one)
+    "cross": [[[[...]]]],      # [layer][head][target][source]; RNNsearch and Show-Attend-Tell: 1 layer, 1 head
+    "grid": null,              # captioners: [height, width]
+    "masked": {"heads": [["cross", 0, 3]], "source": [1, 4]}}``
+    Row t of decoder and cross is the attention while predicting target[t + 1] (the last row predicts EOS).
+    A head is masked by zeroing its slice of the input of that attention's output projection; a source token
+    by making it padding.
+
+POST /v1/score
+    ``{"sources": ["A dog runs."] (omit for a language model), "targets": ["Ein Hund rennt."] (required)}``
+    -> ``{"model": "...", "scores": [-1.9]}``   # log p(target | source): the sum over its tokens and EOS
+
+POST /v1/positional  (Transformer families)
+    ``{"positions": 50 (1..2048, at most the model's max_positions), "side": "source" | "target"}``
+    -> ``{"model": "...", "kind": "sinusoidal", "d_model": 512, "matrix": [[...d_model floats...] per position],
+    "dot": [[...positions floats...] per position]}``   # dot: the dot products between positions
+
+GET /metrics
+    Prometheus text: ``attnkit_requests_total{endpoint,status}``, ``attnkit_request_seconds`` (histogram per
+    endpoint), ``attnkit_batch_sentences`` and ``attnkit_batch_seconds`` (histograms), ``attnkit_queue_depth``,
+    ``attnkit_in_flight``, ``attnkit_batches_total``, ``process_resident_memory_bytes``.
+
+GET /docs, /openapi.json
+    The OpenAPI page (served offline when swagger-ui-bundle is installed).
+
+GET /  (and every other path)
+    The attention explorer's static files (``attnkit/serve/static/``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from attnkit.errors import AttnkitError
+from attnkit.serve import compute
+from attnkit.serve.errors import ApiError, validation_message
+from attnkit.serve.metrics import Metrics
+from attnkit.serve.middleware import GuardMiddleware
+from attnkit.serve.schemas import (
+    AttentionRequest,
+    GenerateRequest,
+    PositionalRequest,
+    ScoreRequest,
+    TranslateRequest,
+)
+from attnkit.serve.settings import ServedModel, Settings
+from attnkit.serve.worker import Job, Worker
+
+log = logging.getLogger("attnkit.serve")
+
+STATIC = Path(__file__).parent / "static"
+
+
+def _json(data, status: int = 200, headers: dict | None = None) -> Response:
+    """JSON without spaces (attention tensors are large)."""
+    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(status: int, message: str, headers: dict | None = None) -> Response:
+    return _json({"error": " ".join(str(message).split())}, status, headers)
+
+
+def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
+    """The FastAPI app serving ``models`` ({name: :class:`attnkit.api.Model`}, the first the default).
+
+    Starting the app starts its inference worker thread; stopping it stops the thread."""
+    settings = settings or Settings()
+    if not models:
+        raise AttnkitError("serve: no model to serve")
+    served = {name: ServedModel(name, model) for name, model in models.items()}
+    default = next(iter(served))
+    metrics = Metrics()
+    worker = Worker(settings, metrics)
+    started = time.monotonic()
+
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    app = FastAPI(title="attnkit serve", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description="Trained attnkit models over HTTP; the attention explorer at /. "
+                              "Contract: the docstring of attnkit.serve.app.")
+    app.state.settings, app.state.worker, app.state.metrics, app.state.models = settings, worker, metrics, served
+    app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics)
+
+    # --- errors: one line of JSON, never a traceback
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        status, message = validation_message(exc.errors())
+        content_type = request.headers.get("content-type", "")
+        if message.startswith("body: expected a JSON object") and "json" not in content_type:
+            message += f" (sent as {content_type or 'no content type'}: send Content-Type: application/json)"
+        return error_response(status, message)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return error_response(exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(AttnkitError)
+    async def attnkit_error(request: Request, exc: AttnkitError):
+        return error_response(422, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 413:
+            message = str(exc.detail)
+        elif exc.status_code == 404:
+            message = f"path: no such endpoint {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method: {request.method} is not allowed on {request.url.path}"
+        else:
+            message = f"request: {exc.detail}"
+        return error_response(exc.status_code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception):
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal: the server failed on this request (see its log)")
+
+    # --- helpers
+
+    def pick(name: str | None, capability: str) -> ServedModel:
+        m = served.get(name or default)
+        if m is None:
+            raise ApiError(404, f"model: no model named {name!r} (serving: {', '.join(served)})")
+        if capability not in m.model.capabilities:
+            can = ", ".join(sorted(m.model.capabilities)) or "nothing"
+            raise ApiError(422, f"model: {m.name} is a {m.model.family} model, which cannot {capability} "
+                                f"(it can: {can})")
+        return m
+
+    async def run(job: Job) -> Response:
+        """Queue ``job``, wait for its answer within the time limit, free its slot."""
+        worker.admit(job)
+        try:
+            worker.submit(job)
+            try:
+                result = await asyncio.wait_for(asyncio.shield(job.future), job.deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                raise ApiError(504, f"timeout: no answer within {settings.timeout:g} s (the server is busy)") from None
+            return _json(result)
+        finally:
+            worker.cancel(job)
+            worker.release(job)
+
+    def stream(job: Job) -> StreamingResponse:
+        worker.admit(job)
+        worker.submit(job)
+
+        async def events():
+            try:
+                while True:
+                    remaining = job.deadline - time.monotonic()
+                    try:
+                        name, data = await asyncio.wait_for(job.events.get(), max(remaining, 0.0))
+                    except asyncio.TimeoutError:
+                        yield _sse("error", {"error": f"timeout: not finished within {settings.timeout:g} s",
+                                             "status": 504})
+                        return
+                    yield _sse(name, data)
+                    if name in ("done", "error"):
+                        return
+            finally:
+                worker.cancel(job)
+                worker.release(job)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def job(kind: str, m: ServedModel, payload, key=None, tokens: int = 0, streaming: bool = False) -> Job:
+        return Job(kind, m, payload, key=key, tokens=tokens, deadline=time.monotonic() + settings.timeout,
+                   streaming=streaming)
+
+    # --- endpoints
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "models": list(served), "queue": worker.depth(), "in_flight": worker.in_flight(),
+                "uptime_s": round(time.monotonic() - started, 1)}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"models": [compute.describe(m, m.name == default) for m in served.values()]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(queue_depth=worker.depth(), in_flight=worker.in_flight()),
+                        media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/translate")
+    async def translate(body: TranslateRequest):
+        m = pick(body.model, "translate")
+        options = compute.translate_options(m, body, settings)
+        tokens = compute.source_tokens(m, body.sentences, settings)
+        j = job("translate", m, body, key=("translate", m.name, *options), tokens=sum(tokens), streaming=body.stream)
+        return stream(j) if body.stream else await run(j)
+
+    @app.post("/v1/generate")
+    async def generate(body: GenerateRequest):
+        m = pick(body.model, "generate")
+        if body.max_tokens > settings.max_new_tokens:
+            raise ApiError(413, f"max_tokens: {body.max_tokens} is more than this server's limit of "
+                                f"{settings.max_new_tokens}")
+        compute.check_prompt(m, body.prompt, settings)
+        j = job("generate", m, body, streaming=body.stream)
+        return stream(j) if body.stream else await run(j)
+
+    @app.post("/v1/caption")
+    async def caption(request: Request):
+        form = await _form(request, settings)
+        m = pick(form.get("model") or None, "caption")
+        upload = form.get("image")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(422, "image: required (a multipart file field named image)")
+        data = await upload.read()
+        if not data:
+            raise ApiError(422, "image: the file is empty")
+        beam = _form_int(form, "beam", None, 1, settings.max_beam)
+        attention = _form_bool(form, "attention", True)
+        extra = sorted(set(form.keys()) - {"model", "image", "beam", "attention"})
+        if extra:
+            raise ApiError(422, f"{extra[0]}: unknown field (fields: image, model, beam, attention)")
+        return await run(job("caption", m, {"image": data, "beam": beam, "attention": attention}))
+
+    @app.post("/v1/attention")
+    async def attention(body: AttentionRequest):
+        m = pick(body.model, "attention")
+        image = None
+        if "caption" in m.model.capabilities:
+            if body.image is None:
+                raise ApiError(422, f"image: required for the captioner {m.name} (the image file as base64)")
+            try:
+                image = base64.b64decode(body.image, validate=True)
+            except (binascii.Error, ValueError):
+                raise ApiError(422, "image: not valid base64") from None
+            if len(image) > settings.max_image_bytes:
+                raise ApiError(413, f"image: {len(image)} bytes, more than this server's limit of "
+                                    f"{settings.max_image_bytes}")
+        else:
+            if body.image is not None:
+                raise ApiError(422, f"image: {m.name} is a {m.model.family} model: send source, not an image")
+            if body.source is None:
+                raise ApiError(422, "source: required")
+            if m.model.family == "transformer_lm":
+                compute.check_prompt(m, body.source if body.target is None else body.target, settings, "source")
+            else:
+                compute.source_tokens(m, [body.source], settings, field="source")
+        return await run(job("attention", m, {"request": body, "image": image}))
+
+    @app.post("/v1/score")
+    async def score(body: ScoreRequest):
+        m = pick(body.model, "score")
+        if m.model.family == "transformer_lm":
+            if body.sources is not None:
+                raise ApiError(422, f"sources: {m.name} is a language model: send targets (its texts) alone")
+            for i, t in enumerate(body.targets):
+                compute.check_prompt(m, t, settings, f"targets[{i}]")
+        elif "caption" in m.model.capabilities:
+            raise ApiError(422, f"sources: {m.name} is a captioner, whose sources are images: not scored over JSON")
+        else:
+            if body.sources is None:
+                raise ApiError(422, "sources: required (one per target)")
+            if len(body.sources) != len(body.targets):
+                raise ApiError(422, f"targets: {len(body.targets)} targets for {len(body.sources)} sources")
+            compute.source_tokens(m, body.sources, settings, field="sources")
+        if len(body.targets) > settings.max_sentences:
+            raise ApiError(413, f"targets: {len(body.targets)} texts, more than this server's limit of "
+                                f"{settings.max_sentences}")
+        return await run(job("score", m, body))
+
+    @app.post("/v1/positional")
+    async def positional(body: PositionalRequest):
+        m = pick(body.model, "attention")
+        return await run(job("positional", m, body))
+
+    # --- the OpenAPI page, offline when swagger-ui-bundle is installed
+
+    _docs(app)
+
+    # --- the explorer
+
+    if STATIC.is_dir():
+        from fastapi.staticfiles import StaticFiles
+
+        app.mount("/", _Explorer(StaticFiles(directory=STATIC, html=True)), name="static")
+    else:
+        @app.get("/", include_in_schema=False)
+        async def index():
+            return HTMLResponse("<!doctype html><title>attnkit serve</title><p>attnkit serve: the API is "
+                                "documented at <a href='/docs'>/docs</a>.</p>")
+    return app
+
+
+class _Explorer:
+    """The explorer's files at ``/``, which would otherwise answer a known endpoint asked with the wrong method
+    (the mount matches every path the API's routes did not): those get 405."""
+
+    def __init__(self, files):
+        self.files = files
+
+    async def __call__(self, scope, receive, send):
+        from attnkit.serve.middleware import ENDPOINTS
+
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path in ENDPOINTS or path.startswith("/v1/")):
+            status = 405 if path in ENDPOINTS else 404
+            message = (f"method: {scope.get('method')} is not allowed on {path}" if status == 405 else
+                       f"path: no such endpoint {path}")
+            return await error_response(status, message)(scope, receive, send)
+        return await self.files(scope, receive, send)
+
+
+def _sse(name: str, data) -> str:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+async def _form(request: Request, settings: Settings):
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        raise ApiError(400, "body: expected multipart/form-data with a file field named image")
+    try:
+        return await request.form(max_files=1, max_fields=8, max_part_size=settings.max_image_bytes)
+    except (ApiError, StarletteHTTPException):
+        raise
+    except Exception as e:  # noqa: BLE001 - python-multipart and starlette raise several kinds for a bad body
+        detail = getattr(e, "detail", None) or str(e) or type(e).__name__
+        raise ApiError(400, f"body: malformed multipart form ({detail})") from None
+
+
+def _form_int(form, name: str, default, low: int, high: int):
+    value = form.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ApiError(422, f"{name}: expected an integer, got {str(value)[:40]!r}") from None
+    if not low <= number <= high:
+        raise ApiError(422, f"{name}: must be in {low}..{high}, got {number}")
+    return number
+
+
+def _form_bool(form, name: str, default: bool) -> bool:
+    value = form.get(name)
+    if value is None or value == "":
+        return default
+    if str(value).lower() in ("true", "1", "yes", "on"):
+        return True
+    if str(value).lower() in ("false", "0", "no", "off"):
+        return False
+    raise ApiError(422, f"{name}: expected true or false, got {str(value)[:40]!r}")
+
+
+def _docs(app: FastAPI) -> None:
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    try:
+        import swagger_ui_bundle
+
+        assets = Path(swagger_ui_bundle.swagger_ui_path)
+    except ImportError:  # the CDN's copy, as FastAPI's default page
+        assets = None
+    if assets is not None:
+        from fastapi.staticfiles import StaticFiles
+
+        app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        if assets is None:
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="attnkit serve")
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="attnkit serve",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon-32x32.png")
+
+
+def _version() -> str:
+    from attnkit import __version__
+
+    return __version__
+
+
+__all__ = ["create_app", "error_response"]

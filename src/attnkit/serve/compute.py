@@ -1,0 +1,459 @@
+"""What the worker thread computes for each endpoint, through :class:`attnkit.api.Model`, and the answers' JSON.
+
+Checks that need the model but no decoding (sentence and prompt lengths, option ranges) run in the request's
+handler (:func:`translate_options`, :func:`source_tokens`, :func:`check_prompt`), so a bad request is answered
+without waiting for the worker.
+
+Translation batches run :meth:`attnkit.api.Model.translate` (:func:`attnkit.decode.translate`: the decoding
+of ``attnkit translate``). A batch with a streaming request runs :func:`translate_streaming`, the same loop with
+an ``on_step`` callback (:class:`attnkit.decode.search.SearchStep`) that sends each step's best hypotheses.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+
+import torch
+
+from attnkit.errors import AttnkitError
+from attnkit.serve.errors import ApiError
+from attnkit.serve.worker import Abandoned, Job
+from attnkit.tokens import BOS, EOS
+
+# --- checks in the handler
+
+
+def translate_options(m, body, settings) -> tuple:
+    """The decoding options of a translate request, defaults resolved: (beam, len_penalty, n_best, attention)."""
+    d = m.model.config.decode
+    beam = body.beam or d.beam_size
+    if beam > settings.max_beam:
+        raise ApiError(422, f"beam: {beam} is more than this server's limit of {settings.max_beam}")
+    if body.n_best > beam:
+        raise ApiError(422, f"n_best: {body.n_best} is more than the beam ({beam})")
+    if len(body.sentences) > settings.max_sentences:
+        raise ApiError(413, f"sentences: {len(body.sentences)} sentences, more than this server's limit of "
+                            f"{settings.max_sentences} per request")
+    penalty = d.len_penalty if body.len_penalty is None else body.len_penalty
+    return beam, float(penalty), body.n_best, body.attention
+
+
+def _max_positions(model) -> int | None:
+    cfg = model.module.cfg if hasattr(model.module, "cfg") else None
+    if cfg is not None and getattr(cfg, "positional", None) == "learned":
+        return cfg.max_positions
+    return None
+
+
+def source_tokens(m, sentences: list[str], settings, field: str = "sentences") -> list[int]:
+    """Each sentence's source tokens (EOS included); 413 past the server's (or the model's) limit."""
+    if len(sentences) > settings.max_sentences:
+        raise ApiError(413, f"{field}: {len(sentences)} sentences, more than this server's limit of "
+                            f"{settings.max_sentences} per request")
+    limit = settings.max_source_tokens
+    positions = _max_positions(m.model)
+    if positions is not None:
+        limit = min(limit, positions - 1)
+    counts = [len(ids) + 1 for ids in m.model.tokenizers.src.encode(list(sentences))]
+    for i, n in enumerate(counts):
+        if n - 1 > limit:
+            where = field if field == "source" else f"{field}[{i}]"
+            raise ApiError(413, f"{where}: {n - 1} tokens, more than this server's limit of {limit}")
+    return counts
+
+
+def check_prompt(m, text: str, settings, field: str = "prompt") -> int:
+    """A language model's text: its tokens must fit the model's positions (with BOS and one more)."""
+    n = len(m.model.tokenizers.encode([text])[0])
+    limit = _max_positions(m.model)
+    limit = settings.max_source_tokens * 4 if limit is None else limit - 2
+    if n > limit:
+        raise ApiError(413, f"{field}: {n} tokens, more than {limit} (the model's positions, with BOS and one "
+                            "new token)" if _max_positions(m.model) else f"{field}: {n} tokens, more than this "
+                            f"server's limit of {limit}")
+    return n
+
+
+# --- the models' description
+
+
+def describe(m, default: bool) -> dict:
+    if m.info:
+        return {**m.info, "default": default}
+    model = m.model
+    d = model.config.decode
+    counts = {}
+    for kind, layers in model.attention_modules().items():
+        counts[kind] = {"layers": len(layers), "heads": layers[0].n_heads if layers else 0}
+    if model.family in ("rnnsearch", "show_attend_tell"):
+        counts["cross"] = {"layers": 1, "heads": 1}
+    grid = None
+    if "caption" in model.capabilities:
+        from attnkit.nn.vision import grid_shape
+
+        grid = list(grid_shape(model.config.data.image_grid)[1:])
+    cfg = getattr(model.module, "cfg", None)
+    positional = getattr(cfg, "positional", None) if _positional(model, "target") is not None else None
+    decode = {"beam": d.beam_size, "len_penalty": d.len_penalty, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
+    if "caption" in model.capabilities:
+        decode["max_caption_len"] = d.max_caption_len
+    m.info = {"name": m.name, "family": model.family, "capabilities": sorted(model.capabilities),
+              "path": str(model.path), "decode": decode, "attention": counts, "grid": grid,
+              "positional": positional, "max_positions": getattr(cfg, "max_positions", None)}
+    return {**m.info, "default": default}
+
+
+# --- the worker's side
+
+
+def run_batch(batch: list[Job], settings) -> list:
+    """-> one answer (a JSON-able dict, or an exception) per job."""
+    kind = batch[0].kind
+    if kind == "translate":
+        return run_translate(batch, settings)
+    job = batch[0]
+    try:
+        return [RUNNERS[kind](job, settings)]
+    except (ApiError, AttnkitError, Abandoned):
+        raise
+    except ValueError as e:  # a model's own check (e.g. positions past a learned table): the request's fault
+        raise ApiError(422, f"request: {' '.join(str(e).split())}") from None
+
+
+def _rounded(t: torch.Tensor, decimals: int = 4):
+    return torch.round(t.double(), decimals=decimals).tolist()
+
+
+def _score(x: float) -> float:
+    return round(float(x), 6) if x == x and abs(x) != float("inf") else -1e30
+
+
+def run_translate(jobs: list[Job], settings) -> list:
+    m = jobs[0].served
+    model = m.model
+    _, _, beam, len_penalty, n_best, attention = jobs[0].key
+    sentences = [s for j in jobs for s in j.payload.sentences]
+    owners = [(j, i) for j in jobs for i in range(len(j.payload.sentences))]
+    if any(j.streaming for j in jobs):
+        results = translate_streaming(model, sentences, beam, len_penalty, n_best, settings.max_batch_tokens,
+                                      attention, _step_events(model, jobs, owners, beam))
+    else:
+        results = model.translate(sentences, beam=beam, len_penalty=len_penalty, n_best=n_best,
+                                  batch_tokens=settings.max_batch_tokens, details=True, need_weights=attention)
+    answers, start = [], 0
+    for j in jobs:
+        n = len(j.payload.sentences)
+        answers.append(translate_answer(m, results[start:start + n], n_best, attention))
+        start += n
+    return answers
+
+
+def translate_answer(m, translations, n_best: int, attention: bool) -> dict:
+    toks = m.model.tokenizers
+    out = {"model": m.name, "translations": [t.text[0] for t in translations],
+           "scores": [_score(t.hypotheses[0].score) for t in translations]}
+    if n_best > 1:
+        out["hypotheses"] = [[{"text": text, "score": _score(h.score)} for h, text in zip(t.hypotheses, t.text)]
+                             for t in translations]
+    if attention:
+        out["attention"] = []
+        for t in translations:
+            h = t.hypotheses[0]
+            source = toks.src.pieces(t.source) + ["</s>"]
+            out["attention"].append({"source": source, "target": list(toks.tgt.id_to_piece(h.tokens)) + ["</s>"],
+                                     "weights": [] if h.attention is None else
+                                     _rounded(h.attention[:, :len(source)])})
+    return out
+
+
+@torch.no_grad()
+def translate_streaming(model, sentences: list[str], beam: int, len_penalty: float, n_best: int, batch_tokens: int,
+                        need_weights: bool, on_step):
+    """:func:`attnkit.decode.translate`'s loop (the same batches, the same search, so the same translations) with
+    ``on_step(step, batch)``: each step of each batch, ``batch`` the sentences' indices in ``sentences``."""
+    from attnkit.data import pad, token_batches
+    from attnkit.decode import Translation, max_lengths
+    from attnkit.decode.search import generate
+
+    d, toks, decoder = model.config.decode, model.tokenizers, model.decoder
+    decoder.eval()
+    ids = [s + [EOS] for s in toks.src.encode(sentences)]
+    results = [None] * len(sentences)
+    for batch in token_batches([len(s) - 1 for s in ids], [0] * len(ids), batch_tokens):
+        lens = max_lengths(torch.tensor([len(ids[i]) - 1 for i in batch]), d.max_len_a, d.max_len_b)
+        nbest = generate(decoder, pad([ids[i] for i in batch]), lens, beam, len_penalty, n_best, need_weights,
+                         on_step=lambda step, batch=batch: on_step(step, batch))
+        for i, hyps in zip(batch, nbest):
+            results[i] = Translation(sentences[i], hyps, [toks.tgt.decode(h.tokens) for h in hyps])
+    return results
+
+
+def _step_events(model, jobs: list[Job], owners: list[tuple[Job, int]], beam: int):
+    """The on_step of a translation batch: a ``step`` event per live sentence of each streaming request; stops
+    the search (:class:`Abandoned`) once every request of the batch has left."""
+    tgt = model.tokenizers.tgt
+    # each request's sentences' source lengths (EOS included): a batch's attention rows are padded past them
+    lengths = [len(ids) + 1 for ids in model.tokenizers.src.encode([j.payload.sentences[i] for j, i in owners])]
+
+    def hypothesis(ids: list[int]) -> dict:
+        return {"tokens": list(tgt.id_to_piece(ids)), "text": tgt.decode(ids)}
+
+    def on_step(step, batch: list[int]) -> None:
+        if all(j.cancelled for j in jobs):
+            raise Abandoned
+        k = step.scores.size(1)
+        wanted = [(p, int(row)) for p, row in enumerate(step.sentences.tolist())
+                  if owners[batch[row]][0].streaming and not owners[batch[row]][0].cancelled]
+        if not wanted:
+            return
+        scores = step.scores.tolist()
+        ended = set(step.ended)
+        for p, row in wanted:
+            job, local = owners[batch[row]]
+            finished = step.finished[row] if step.finished is not None else None
+            rows = range(p * k, p * k + k)
+            histories = [step.history[r].tolist() for r in rows]
+            if finished is not None and (row in ended or scores[p][0] == float("-inf")):
+                best = max(finished, key=lambda h: h.score) if finished else None
+                ids, score, done, attn = (best.tokens if best else []), (best.score if best else 0.0), True, None
+                if best is not None and best.attention is not None:
+                    attn = best.attention[-1]
+            else:
+                ids = histories[0]
+                done = finished is None and (EOS in ids)
+                if EOS in ids:
+                    ids = ids[:ids.index(EOS)]
+                score = scores[p][0]
+                attn = None if step.attention is None else step.attention[p * k]
+            event = {"sentence": local, "step": step.t, "token": tgt.id_to_piece([ids[-1]])[0] if ids else "",
+                     **hypothesis(ids), "score": _score(score), "done": done}
+            if beam > 1:
+                event["beams"] = [{**hypothesis(h), "score": _score(s)} for h, s in zip(histories, scores[p])
+                                  if s != float("-inf")]
+            if attn is not None:
+                event["attention"] = _rounded(attn[:lengths[batch[row]]])
+            job.emit("step", event)
+
+    return on_step
+
+
+# --- language models
+
+
+def _filtered_probs(log_probs: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The distribution tokens are drawn from: [N, V] -> [N, V] (greedy: all mass on the argmax)."""
+    from attnkit.decode import filter_logits
+
+    if temperature == 0:
+        return torch.zeros_like(log_probs).scatter_(-1, log_probs.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(filter_logits(log_probs / temperature, top_k, top_p), -1)
+
+
+def _top(tok, log_probs: torch.Tensor, body) -> list[list]:
+    """[V] log-probabilities -> the ``body.top`` most likely [piece, p, q] (q: after temperature and filters)."""
+    q = _filtered_probs(log_probs[None], body.temperature, body.top_k, body.top_p)[0]
+    p = torch.softmax(log_probs.float(), -1)
+    values, ids = p.topk(min(body.top, p.numel()))
+    pieces = tok.id_to_piece(ids.tolist())
+    return [[piece, round(float(v), 4), round(float(q[i]), 4)] for piece, v, i in zip(pieces, values, ids.tolist())]
+
+
+def run_generate(job: Job, settings) -> dict:
+    from attnkit.decode import complete
+    from attnkit.decode.search import sample
+
+    body, m = job.payload, job.served
+    model, tok = m.model, m.model.tokenizers
+    ids = tok.encode([body.prompt])[0]
+    window = _max_positions(model)
+    steps = len(ids) + body.max_tokens + 1
+    generator = None if body.seed is None else torch.Generator().manual_seed(body.seed)
+    if (body.stream or body.top or body.attention) and (window is None or steps <= window):
+        # the one window of attnkit.decode.complete, with each step seen
+        shown = [tok.decode(ids)]
+
+        def on_step(step) -> None:
+            if job.cancelled:
+                raise Abandoned
+            j = step.t - len(ids)
+            token = int(step.tokens[0])
+            if j < 0 or token == EOS or not body.stream:
+                return
+            text = tok.decode(step.history[0].tolist())
+            event = {"step": j, "token": tok.id_to_piece([token])[0], "text": text[len(shown[0]):]
+                     if text.startswith(shown[0]) else text}
+            shown[0] = text
+            if body.attention and decoder.attention is not None:
+                event["attention"] = _rounded(decoder.attention[0])
+            if body.top and step.log_probs is not None:
+                event["top"] = _top(tok, step.log_probs[0], body)
+            job.emit("step", event)
+
+        decoder = _Watched(model.decoder) if body.attention else model.decoder
+        decoder.eval()
+        state = decoder.init_state(decoder.encode(torch.zeros(1, 0, dtype=torch.long)))
+        hyp = sample(decoder, state, torch.tensor([steps]), body.temperature, body.top_k, body.top_p, generator,
+                     prefix=torch.tensor([ids], dtype=torch.long).view(1, -1), on_step=on_step)[0]
+        all_ids, log_probs = hyp.tokens, hyp.log_probs
+    else:
+        count = [0]
+
+        def on_text(piece: str) -> None:
+            if job.cancelled:
+                raise Abandoned
+            if body.stream:
+                if count[0] == 0 and ids:  # the prompt, as the model read it: not a new token
+                    count[0] = -1
+                    return
+                job.emit("step", {"step": max(count[0], 0), "token": piece, "text": piece})
+                count[0] = max(count[0], 0) + 1
+
+        c = complete(model.decoder, tok, body.prompt, body.max_tokens, body.temperature, body.top_k, body.top_p,
+                     body.seed, on_text=on_text)  # on_text also stops it once the request has left
+        all_ids, log_probs = c.hypothesis.tokens, c.hypothesis.log_probs
+    new = all_ids[len(ids):]
+    text, prompt_text = tok.decode(all_ids), tok.decode(ids)
+    out = {"model": m.name, "text": text,
+           "completion": text[len(prompt_text):] if text.startswith(prompt_text) else tok.decode(new),
+           "tokens": list(tok.id_to_piece(new)), "score": _score(sum(log_probs[len(ids):]))}
+    if body.top:
+        out["steps"] = _steps_top(model, tok, ids, new, body, window)
+    return out
+
+
+class _Watched(torch.nn.Module):
+    """A language model's decoder whose steps compute their attention and keep it (``attention``, [N, t + 1]) for
+    the stream, but hand the search none: a language model's rows grow a position each step, which the
+    search's per-hypothesis attention (one width for all steps) does not hold."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder, self.attention = decoder, None
+
+    def encode(self, source):
+        return self.decoder.encode(source)
+
+    def init_state(self, memory):
+        return self.decoder.init_state(memory)
+
+    def step(self, tokens, state, need_weights: bool = False):
+        log_probs, state, self.attention = self.decoder.step(tokens, state, True)
+        return log_probs, state, None
+
+    def search_steps(self) -> dict:
+        """The decoder's own search steps (its ranking), over this step."""
+        from functools import partial
+
+        return {name: partial(fn.func, self.step, *fn.args[1:], **fn.keywords)
+                for name, fn in self.decoder.search_steps().items() if isinstance(fn, partial)}
+
+
+def _steps_top(model, tok, ids: list[int], new: list[int], body, window) -> list[dict]:
+    """Per new token, the next-token distribution it was drawn from, from one teacher-forced pass."""
+    seq = [BOS] + ids + new
+    if not new or (window is not None and len(seq) > window):
+        return [{"token": piece, "top": []} for piece in tok.id_to_piece(new)]
+    with torch.no_grad():
+        logits = model.module(None, torch.tensor([seq[:-1] if len(seq) > 1 else seq])).logits[0]
+    log_probs = torch.log_softmax(logits.float(), -1)
+    pieces = tok.id_to_piece(new)
+    return [{"token": piece, "top": _top(tok, log_probs[len(ids) + j], body)} for j, piece in enumerate(pieces)]
+
+
+# --- captioners, attention, scores, positions
+
+
+@contextmanager
+def _image_file(data: bytes):
+    """Uploaded image bytes as a file (the API reads images from paths), removed afterwards."""
+    fd, path = tempfile.mkstemp(prefix="attnkit-serve-", suffix=".img")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        try:
+            yield path
+        except AttnkitError as e:
+            message = str(e)
+            if message.startswith(path):
+                raise ApiError(422, "image" + message[len(path):]) from None
+            raise
+    finally:
+        os.unlink(path)
+
+
+def _grid(model) -> list[int]:
+    from attnkit.nn.vision import grid_shape
+
+    return list(grid_shape(model.config.data.image_grid)[1:])
+
+
+def run_caption(job: Job, settings) -> dict:
+    m, p = job.served, job.payload
+    with _image_file(p["image"]) as path:
+        c = m.model.caption(path, beam=p["beam"], details=True)
+    h = c.hypotheses[0]
+    out = {"model": m.name, "caption": c.text[0], "words": list(m.model.tokenizers.id_to_piece(h.tokens)) + ["<end>"],
+           "score": _score(h.score), "grid": _grid(m.model)}
+    if p["attention"]:
+        out["attention"] = [] if h.attention is None else _rounded(h.attention)
+    return out
+
+
+def run_attention(job: Job, settings) -> dict:
+    m, body, image = job.served, job.payload["request"], job.payload["image"]
+    model = m.model
+    heads = [list(h) for h in body.mask_heads]
+    if image is not None:
+        with _image_file(image) as path:
+            att = model.attention(path, body.target, mask_heads=heads, mask_source=body.mask_source)
+    else:
+        att = model.attention(body.source, body.target, mask_heads=heads, mask_source=body.mask_source)
+
+    def maps(ws):
+        return [_rounded(w, body.precision) for w in ws]
+
+    return {"model": m.name, "family": model.family, "source": att.source, "target": att.target, "output": att.text,
+            "score": _score(att.score), "encoder": maps(att.encoder), "decoder": maps(att.decoder),
+            "cross": maps(att.cross), "grid": _grid(model) if "caption" in model.capabilities else None,
+            "masked": {"heads": heads, "source": sorted(set(body.mask_source))}}
+
+
+def run_score(job: Job, settings) -> dict:
+    m, body = job.served, job.payload
+    if m.model.family == "transformer_lm":
+        scores = m.model.score(body.targets)
+    else:
+        scores = m.model.score(body.sources, body.targets)
+    return {"model": m.name, "scores": [_score(s) for s in scores]}
+
+
+def _positional(model, side: str):
+    module = model.module
+    names = ("embed",) if model.family == "transformer_lm" else (("src_embed",) if side == "source" else
+                                                                  ("tgt_embed",))
+    for name in names:
+        embed = getattr(module, name, None)
+        if embed is not None and hasattr(embed, "positional"):
+            return embed.positional
+    return None
+
+
+def run_positional(job: Job, settings) -> dict:
+    m, body = job.served, job.payload
+    positional = _positional(m.model, body.side)
+    if positional is None:
+        raise ApiError(422, f"side: {m.name} ({m.model.family}) has no {body.side} positional encoding")
+    limit = _max_positions(m.model)
+    if limit is not None and body.positions > limit:
+        raise ApiError(422, f"positions: {body.positions} is more than the model's {limit} learned positions")
+    with torch.no_grad():
+        matrix = positional(body.positions, 0).float()
+    cfg = getattr(m.model.module, "cfg", None)
+    return {"model": m.name, "kind": getattr(cfg, "positional", None), "d_model": matrix.size(-1),
+            "matrix": _rounded(matrix), "dot": _rounded(matrix @ matrix.T)}
+
+
+RUNNERS = {"generate": run_generate, "caption": run_caption, "attention": run_attention, "score": run_score,
+           "positional": run_positional}

@@ -1,0 +1,117 @@
+"""The ASGI guard in front of every request: metrics (count and latency by endpoint and status), the API key,
+the body size limit (413), and a last one-line 500 for anything that escaped the app's handlers."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger("attnkit.serve")
+
+ENDPOINTS = {"/health", "/metrics", "/docs", "/openapi.json", "/v1/models", "/v1/translate", "/v1/generate",
+             "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional"}
+
+
+class BodyTooLarge(HTTPException):
+    """Raised while a body is read past the limit (FastAPI passes HTTP exceptions through its body parsing)."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"body: more than this server's limit of {limit} bytes")
+
+
+def endpoint_of(path: str) -> str:
+    """A metrics label with few values: the API's paths as they are, everything else as static or other."""
+    if path in ENDPOINTS:
+        return path
+    if path.startswith("/v1/"):
+        return "other"
+    return "static"
+
+
+class GuardMiddleware:
+    def __init__(self, app, settings, metrics):
+        self.app, self.settings, self.metrics = app, settings, metrics
+
+    def _limit(self, path: str) -> int:
+        if path == "/v1/caption":
+            return self.settings.max_image_bytes + 65536  # the form's other fields and boundaries
+        if path == "/v1/attention":
+            return self.settings.max_body_bytes + self.settings.max_image_bytes * 4 // 3 + 1024  # base64
+        return self.settings.max_body_bytes
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        key = self.settings.api_key.encode()
+        given = headers.get(b"x-api-key")
+        if given is None:
+            auth = headers.get(b"authorization", b"")
+            if auth[:7].lower() == b"bearer ":
+                given = auth[7:].strip()
+        return given is not None and hmac.compare_digest(given, key)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, path = time.perf_counter(), scope.get("path", "")
+        endpoint = endpoint_of(path)
+        state = {"status": 0, "started": False, "recorded": False}
+
+        def record(status: int) -> None:
+            if not state["recorded"]:
+                state["recorded"] = True
+                self.metrics.request(endpoint, status, time.perf_counter() - start)
+
+        async def guarded_send(message):
+            if message["type"] == "http.response.start":
+                state["status"], state["started"] = message["status"], True
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                record(state["status"])
+
+        async def answer(status: int, error: str, headers: list | None = None):
+            body = json.dumps({"error": error}).encode()
+            await guarded_send({"type": "http.response.start", "status": status,
+                                "headers": [(b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
+            await guarded_send({"type": "http.response.body", "body": body})
+
+        headers = dict(scope.get("headers") or [])
+        if self.settings.api_key and (path.startswith("/v1/") or path == "/metrics") and \
+                not self._authorized(headers):
+            return await answer(401, "authorization: missing or wrong API key (send the header "
+                                     "'Authorization: Bearer KEY' or 'X-API-Key: KEY')",
+                                [(b"www-authenticate", b"Bearer")])
+        limit = self._limit(path)
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                too_long = int(length) > limit
+            except ValueError:
+                return await answer(400, "content-length: not a number")
+            if too_long:
+                return await answer(413, f"body: {int(length)} bytes, more than this server's limit of {limit}")
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+            log.exception("unhandled error on %s %s", scope.get("method"), path)
+            if not state["started"]:
+                await answer(500, "internal: the server failed on this request (see its log)")
+            else:
+                record(state["status"] or 500)
+        finally:
+            if not state["recorded"] and state["started"]:
+                record(state["status"])  # a stream its client left

@@ -1,0 +1,33 @@
+"""What a server is started with: its limits (:class:`Settings`) and its models (:class:`ServedModel`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Settings:
+    """The limits and batching of ``attnkit serve`` (its command-line options)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # required on /v1/* and /metrics when set
+    max_wait_ms: float = 5.0  # a batch closes once no request came for this long (attnkit.serve.worker)
+    max_batch_tokens: int = 4000  # source tokens per batch (and attnkit translate's --batch-tokens)
+    queue_size: int = 256  # requests admitted at once (waiting or decoding); more: 429
+    timeout: float = 30.0  # seconds a request may take, queueing included; then 504
+    max_source_tokens: int = 256  # tokens per source sentence; more: 413
+    max_sentences: int = 64  # sentences (or texts) per request; more: 413
+    max_beam: int = 16
+    max_new_tokens: int = 1024  # generate's max_tokens
+    max_body_bytes: int = 1 << 20  # JSON bodies; more: 413
+    max_image_bytes: int = 10 << 20  # /v1/caption uploads and /v1/attention's images
+
+
+@dataclass
+class ServedModel:
+    """A model the server offers under ``name``: an :class:`attnkit.api.Model`."""
+
+    name: str
+    model: object
+    info: dict = field(default_factory=dict)  # cached description (GET /v1/models)

@@ -1,0 +1,89 @@
+// The explorer's shell: tabs, the served models, the URL's hash as the state of the view shown.
+
+import { getJSON, setApiKey } from "./api.js";
+import { readHash } from "./state.js";
+import { h } from "./ui.js";
+import translate from "./views/translate.js";
+import modelView from "./views/model.js";
+import interventions from "./views/interventions.js";
+import lm from "./views/lm.js";
+import caption from "./views/caption.js";
+import rnnsearch from "./views/rnnsearch.js";
+import positional from "./views/positional.js";
+
+const VIEWS = [translate, modelView, interventions, lm, caption, rnnsearch, positional];
+const byId = Object.fromEntries(VIEWS.map((v) => [v.id, v]));
+
+window.attnkit = window.attnkit || {};
+const app = window.attnkit;
+app.timings = app.timings || {};
+
+function normalizeModels(body) {
+  const list = Array.isArray(body) ? body : body.models || body.data || [];
+  return list.map((m) => {
+    const caps = m.capabilities || [];
+    return { ...m, name: m.name ?? m.id, family: m.family ?? "?", capabilities: new Set(caps) };
+  });
+}
+
+let models = [], current = null, currentId = null;
+
+function tabs() {
+  const nav = document.getElementById("tabs");
+  nav.replaceChildren(...VIEWS.map((v) => h("a", { href: `#${v.id}`, "data-view": v.id }, v.title)));
+}
+
+function route() {
+  const { view, params } = readHash();
+  const id = byId[view] ? view : "translate";
+  for (const a of document.querySelectorAll("#tabs a")) a.classList.toggle("active", a.dataset.view === id);
+  if (current && currentId === id && current.restore) {  // the same view, new state (a pasted link)
+    current.restore(params);
+    return;
+  }
+  if (current && current.unmount) current.unmount();
+  const root = document.getElementById("view");
+  root.replaceChildren();
+  root.dataset.view = id;
+  const ctx = {
+    models,
+    modelsFor: (pred) => models.filter(pred),
+    id,
+  };
+  currentId = id;
+  current = byId[id].mount(root, ctx, params);
+  app.view = current;
+  app.viewId = id;
+}
+
+async function start() {
+  tabs();
+  const statusEl = document.getElementById("server-status");
+  // a server started with --api-key: ask for the key once, keep it for this tab
+  setApiKey(sessionStorage.getItem("attnkit-api-key"));
+  try {
+    let body;
+    try {
+      body = await getJSON("/v1/models");
+    } catch (e) {
+      if (e.status !== 401) throw e;
+      const key = prompt("This attnkit server needs its API key:");
+      if (!key) throw e;
+      sessionStorage.setItem("attnkit-api-key", key);
+      setApiKey(key);
+      body = await getJSON("/v1/models");
+    }
+    models = normalizeModels(body);
+    statusEl.textContent = `${models.length} model${models.length === 1 ? "" : "s"} served`;
+    statusEl.title = models.map((m) => `${m.name}: ${m.family} (${[...m.capabilities].join(", ")})`).join("\n");
+  } catch (e) {
+    statusEl.textContent = `server: ${e.message}`;
+    statusEl.classList.add("down");
+  }
+  app.models = models;
+  window.addEventListener("hashchange", route);
+  route();
+  app.ready = true;
+}
+
+start();

@@ -1,0 +1,93 @@
+// Small DOM helpers shared by the views.
+
+import { exportJSON, exportPNG, exportSVG } from "./export.js";
+
+/** h("div", {class: "x", onclick: f}, child, "text", ...) */
+export function h(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on") && typeof v === "function") e.addEventListener(k.slice(2), v);
+    else if (k === "class") e.className = v;
+    else if (k === "style" && typeof v === "object") Object.assign(e.style, v);
+    else if (k in e && typeof v !== "string") e[k] = v;
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined && c !== false) e.append(c);
+  return e;
+}
+
+export function labeled(text, input, title) {
+  return h("label", { title }, text, input);
+}
+
+export function select(options, value, onchange, attrs = {}) {
+  const s = h("select", { ...attrs, onchange: () => onchange(s.value) },
+    options.map((o) => (typeof o === "object" ? h("option", { value: o.value }, o.label) : h("option", { value: o }, o))));
+  s.value = String(value);
+  return s;
+}
+
+/** The model picker for a view: only the served models that can do what the view needs. */
+export function modelSelect(models, value, onchange) {
+  return select(models.map((m) => ({ value: m.name, label: `${m.name} (${m.family})` })), value, onchange,
+    { "data-role": "model" });
+}
+
+/** The view's heading: title, one-line lead, and its export buttons (PNG/SVG/JSON, copy link). */
+export function header(root, { title, lead, view, svg = false }) {
+  const bar = h("div", { class: "toolbar" },
+    h("h2", {}, title), h("span", { class: "sep" }),
+    h("button", { class: "small", "data-export": "png", title: "download what this view shows as PNG",
+      onclick: () => view.exportPNG && exportPNG(view.id, view.exportPNG()) }, "PNG"),
+    svg ? h("button", { class: "small", "data-export": "svg", title: "download the head view as SVG",
+      onclick: () => view.exportSVG && exportSVG(view.id, view.exportSVG()) }, "SVG") : null,
+    h("button", { class: "small", "data-export": "json", title: "download this view's data as JSON",
+      onclick: () => exportJSON(view.id, view.exportJSON()) }, "JSON"),
+    h("button", { class: "small", title: "copy a link that reproduces this view",
+      onclick: (e) => copyLink(e.target) }, "Link"));
+  root.append(bar, h("p", { class: "lead" }, lead));
+  return bar;
+}
+
+function copyLink(button) {
+  const text = location.href;
+  const done = () => { button.textContent = "Copied"; setTimeout(() => { button.textContent = "Link"; }, 1200); };
+  if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(text).then(done, () => prompt("Link", text));
+  else { prompt("Link to this view", text); }
+}
+
+export function status(el, text, error = false) {
+  el.textContent = text || "";
+  el.classList.toggle("error", !!error);
+}
+
+export function tokenChips(tokens, { onHover, onClick, className = "" } = {}) {
+  return tokens.map((t, i) => {
+    const e = h("span", { class: `tok ${className}`, "data-i": i }, t);
+    if (onHover) {
+      e.addEventListener("mouseenter", () => onHover(i));
+      e.addEventListener("mouseleave", () => onHover(null));
+    }
+    if (onClick) e.addEventListener("click", () => onClick(i));
+    return e;
+  });
+}
+
+export function headOptions(n) {
+  return [{ value: "avg", label: "average" }, ...[...Array(n).keys()].map((i) => ({ value: String(i), label: `head ${i}` }))];
+}
+
+export function layerOptions(n) {
+  return [...Array(n).keys()].map((i) => ({ value: String(i), label: `layer ${i}` }));
+}
+
+export function noModel(root, what) {
+  root.append(h("div", { class: "panel nomodel" },
+    `No served model can ${what}. Start the server with one: attnkit serve RUN_DIR [MORE ...]`));
+}
+
+/** Display a SentencePiece/word token: the word-start mark becomes a visible space. */
+export function pretty(tok) {
+  return String(tok).replace(/^▁/, "·").replace(/▁/g, " ");
+}

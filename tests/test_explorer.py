@@ -1,0 +1,540 @@
+"""The attention explorer (``attnkit serve``'s page at ``/``) used as a person uses it: a real server on
+127.0.0.1 serving tiny models of five families, driven by a real headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, installed by ``make browser``) through Selenium.
+
+Each view is loaded, used (translate and watch the matrix fill, switch layer and head, mask heads and re-run,
+generate at two temperatures, caption an image, ...), exported, reproduced from its URL, and photographed into
+``docs/figures/explorer_<view>.png`` (the README shows them). The long-input test renders the model view of a
+200-token source with every head of a 6-layer, 8-head model and prints how long that took.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.checkpoint import load_checkpoint, load_tokenizers, model_for, read_config, write_checkpoint
+from attnkit.config import ExperimentConfig, LMConfig, RNNSearchConfig, ShowAttendTellConfig
+from attnkit.data import WordVocab, generate_dates, load_image, pad
+from attnkit.tokens import BOS, EOS
+from conftest import tiny_model_config
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
+from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "docs" / "figures"
+SAMPLES = ROOT / "src" / "attnkit" / "serve" / "static" / "samples"
+CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
+CHROMEDRIVER = next((p for p in ("/usr/bin/chromedriver", shutil.which("chromedriver") or "")
+                     if p and os.path.exists(p)), None)
+# the flags this machine's closed network needs (without the background-networking ones Chromium's own
+# connections are refused and it stalls), and a fresh profile per run
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--hide-scrollbars", "--force-device-scale-factor=1",
+                  "--window-size=1360,900"]
+SENTENCE = "March 3, 2021"
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+                                reason="no Chromium: `make browser` installs Debian's chromium and chromium-driver")
+
+
+# --- tiny checkpoints of the families the views need (seconds to build on one thread)
+
+
+def _fit(model, batches, steps: int, lr: float):
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for i in range(steps):
+        src, tgt_in, tgt_out = batches(i)
+        loss = model(src, tgt_in, targets=tgt_out).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return model
+
+
+def _teacher(rows: list[list[int]]):
+    return pad([[BOS] + r for r in rows]), pad([r + [EOS] for r in rows])
+
+
+def _tokenizer_files(checkpoint: Path) -> list[Path]:
+    return [f for f in checkpoint.iterdir() if f.suffix in (".model", ".vocab") or f.name.endswith(".txt")]
+
+
+def build_lm(path: Path) -> Path:
+    """A word-level language model on a toy grammar ("the dog runs in the park ."), 80 steps."""
+    rnd = random.Random(0)
+    lines = [f"the {rnd.choice(['dog', 'cat', 'bird', 'horse'])} {rnd.choice(['runs', 'sleeps', 'sits', 'plays'])} "
+             f"in the {rnd.choice(['park', 'garden', 'house', 'field'])} ." for _ in range(300)]
+    cfg = ExperimentConfig(name="tiny_lm")
+    cfg.model = LMConfig(d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0, max_positions=64)
+    cfg.data = dataclasses.replace(cfg.data, format="wikitext2", block_size=32)
+    path.mkdir(parents=True)
+    vocab = WordVocab.build(lines, path / "vocab.txt", min_count=1, pretokenized=True)
+    stream = [i for ids in vocab.encode(lines) for i in (*ids, EOS)]
+    torch.manual_seed(0)
+    model = model_for(cfg, vocab)
+
+    def batches(_):
+        rows = torch.tensor([[BOS] + stream[s:s + 31] for s in (rnd.randrange(len(stream) - 32) for _ in range(16))])
+        return None, rows[:, :-1], rows[:, 1:]
+
+    _fit(model, batches, 80, 1e-2)
+    return write_checkpoint(path / "checkpoint", model, cfg, [path / "vocab.txt"], {})
+
+
+CAPTIONS = {"dog": "a brown dog stands on the green grass", "beach": "a red umbrella on a sandy beach",
+            "street": "a red car drives down a city street"}
+
+
+def build_captioner(path: Path) -> Path:
+    """Show, Attend and Tell fitted to the page's three sample images and a caption each."""
+    from attnkit.nn.vision import load_pretrained, normalize
+
+    cfg = ExperimentConfig(name="tiny_captioner")
+    cfg.model = ShowAttendTellConfig(hidden_size=64, attention_size=64, dropout=0.0)
+    cfg.data = dataclasses.replace(cfg.data, format="flickr8k")
+    path.mkdir(parents=True)
+    vocab = WordVocab.build(CAPTIONS.values(), path / "vocab.txt", min_count=1)
+    encoder = load_pretrained(cfg.data.image_grid).eval()
+    with torch.no_grad():
+        pixels = normalize(torch.stack([load_image(SAMPLES / f"{name}.png") for name in CAPTIONS]))
+        grids = encoder.forward_features(pixels).flatten(2).transpose(1, 2).contiguous()
+    torch.manual_seed(0)
+    model = model_for(cfg, vocab)
+    tgt_in, tgt_out = _teacher(vocab.encode(list(CAPTIONS.values())))
+    _fit(model, lambda _: (grids, tgt_in, tgt_out), 60, 2e-2)
+    return write_checkpoint(path / "checkpoint", model, cfg, [path / "vocab.txt"], {})
+
+
+def _dates_batches(toks, seed: int = 0):
+    pairs = generate_dates(2000, seed=seed)
+    rnd = random.Random(seed)
+
+    def batches(_):
+        idx = [rnd.randrange(len(pairs.src)) for _ in range(32)]
+        src = pad([s + [EOS] for s in toks.src.encode([pairs.src[k] for k in idx])])
+        return (src, *_teacher(toks.tgt.encode([pairs.tgt[k] for k in idx])))
+
+    return batches
+
+
+def build_dates(path: Path, dates_checkpoint: Path) -> Path:
+    """The tiny dates checkpoint (4 training steps) trained on for 200 more: its translations and attention
+    start to make sense, which the screenshots show."""
+    model, cfg, toks, _ = load_checkpoint(dates_checkpoint)
+    torch.manual_seed(0)
+    model = _fit(model, _dates_batches(toks), 200, 5e-3)
+    return write_checkpoint(path, model, cfg, _tokenizer_files(dates_checkpoint), {})
+
+
+def build_rnnsearch(path: Path, dates_checkpoint: Path) -> Path:
+    """RNNsearch on the dates task with the dates checkpoint's tokenizer."""
+    base = read_config(dates_checkpoint)
+    toks = load_tokenizers(base, dates_checkpoint)
+    cfg = dataclasses.replace(base, model=RNNSearchConfig(embedding_size=32, hidden_size=64, n_encoder_layers=1,
+                                                          n_decoder_layers=1, dropout=0.0))
+    torch.manual_seed(0)
+    model = _fit(model_for(cfg, toks), _dates_batches(toks, seed=1), 100, 1e-2)
+    return write_checkpoint(path, model, cfg, _tokenizer_files(dates_checkpoint), {})
+
+
+def build_wide(path: Path, dates_checkpoint: Path) -> Path:
+    """An untrained Transformer of 6 + 6 layers and 8 heads that reads 512 positions: the long-input test's."""
+    base = read_config(dates_checkpoint)
+    toks = load_tokenizers(base, dates_checkpoint)
+    cfg = dataclasses.replace(base, model=tiny_model_config(d_model=64, n_heads=8, d_ff=64, n_encoder_layers=6,
+                                                             n_decoder_layers=6, max_positions=512))
+    torch.manual_seed(0)
+    return write_checkpoint(path, model_for(cfg, toks).eval(), cfg, _tokenizer_files(dates_checkpoint), {})
+
+
+# --- the server and the browser
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, trained_checkpoint) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("explorer_models")
+    return {"dates": build_dates(root / "dates", trained_checkpoint),
+            "rnnsearch": build_rnnsearch(root / "rnnsearch", trained_checkpoint),
+            "lm": build_lm(root / "lm"), "captioner": build_captioner(root / "captioner"),
+            "wide": build_wide(root / "wide", trained_checkpoint)}
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints, tmp_path_factory):
+    """``attnkit serve`` on a free loopback port, as a user starts it."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "attnkit", "serve", *(f"{name}={path}" for name, path in checkpoints.items()),
+           "--port", str(port), "--timeout", "60"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if json.load(r)["status"] == "ok":
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"attnkit serve did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory, downloads):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    yield driver
+    driver.quit()
+
+
+class Page:
+    """What the tests do in the page: open a view, wait for it, read it, photograph it."""
+
+    def __init__(self, driver, url: str):
+        self.d, self.url = driver, url
+
+    def js(self, script: str, *args):
+        return self.d.execute_script(script, *args)
+
+    def wait(self, condition, timeout: float = 30, what: str = ""):
+        try:
+            return WebDriverWait(self.d, timeout, poll_frequency=0.05).until(lambda _: condition())
+        except TimeoutException:
+            status = self.js("return [...document.querySelectorAll('[data-role=status]')].map(e => e.textContent)")
+            logs = [e["message"] for e in self.d.get_log("browser")]
+            raise AssertionError(f"timed out waiting for {what or condition}; status {status}; "
+                                 f"console {logs}") from None
+
+    def open(self, view_hash: str, runs: int | None = None):
+        self.d.get("about:blank")
+        self.d.get(f"{self.url}/#{view_hash}")
+        view = view_hash.split("?")[0]
+        self.wait(lambda: self.js("return !!(window.attnkit && window.attnkit.ready && window.attnkit.viewId)") and
+                  self.js("return window.attnkit.viewId") == view, what=f"the {view} view")
+        if runs:
+            self.wait_done(runs)
+
+    def done(self) -> int:
+        return int(self.js("return +(document.getElementById('view').dataset.done || 0)"))
+
+    def wait_done(self, n: int, timeout: float = 40):
+        self.wait(lambda: self.done() >= n, timeout, what=f"run {n} of {self.js('return window.attnkit.viewId')}")
+
+    def find(self, css: str):
+        return self.d.find_element(By.CSS_SELECTOR, css)
+
+    def finds(self, css: str):
+        return self.d.find_elements(By.CSS_SELECTOR, css)
+
+    def type(self, css: str, text: str):
+        field = self.find(css)
+        field.clear()
+        field.send_keys(text)
+
+    def data(self, css: str, key: str) -> str | None:
+        return self.js(f"const e = document.querySelector({css!r}); return e ? e.dataset[{key!r}] ?? null : null")
+
+    def errors(self) -> list[str]:
+        return [e["message"] for e in self.d.get_log("browser") if e["level"] == "SEVERE"]
+
+    def screenshot(self, name: str, height: int | None = None):
+        """The view from the top, the whole page or ``height`` pixels of it, into docs/figures/explorer_<name>.png."""
+        FIGURES.mkdir(parents=True, exist_ok=True)
+        self.js("window.scrollTo(0, 0); document.activeElement && document.activeElement.blur()")
+        width, full = self.js("return [document.documentElement.clientWidth, document.documentElement.scrollHeight]")
+        clip = {"x": 0, "y": 0, "width": width, "height": min(height or full, full, 2400), "scale": 1}
+        shot = self.d.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                                                 "clip": clip})
+        (FIGURES / f"explorer_{name}.png").write_bytes(base64.b64decode(shot["data"]))
+
+
+@pytest.fixture
+def page(browser, server):
+    p = Page(browser, server)
+    yield p
+    assert not [e for e in p.errors() if "favicon" not in e], "errors in the browser's console"
+
+
+def _export(page: Page, downloads: Path, kind: str) -> Path:
+    """Click the view's export button and wait for the downloaded file."""
+    before = set(downloads.iterdir())
+    page.find(f"button[data-export={kind}]").click()
+    page.wait(lambda: [f for f in set(downloads.iterdir()) - before if not f.name.endswith(".crdownload")], 15,
+              f"the {kind} download")
+    (new,) = set(downloads.iterdir()) - before
+    assert new.suffix == f".{kind}" and new.stat().st_size > 0
+    return new
+
+
+# --- the views
+
+
+def test_translate_streams_and_fills_the_cross_attention(page, downloads):
+    page.open("translate")
+    page.type("[data-role=source]", SENTENCE)
+    page.type("[data-role=beam]", "3")
+    page.find("[data-role=run]").click()
+    # the translation streams: the output grows token by token before the run is done
+    page.wait(lambda: len(page.finds("[data-role=output] .tok")) > 0 or page.done() >= 1, what="the first token")
+    page.wait_done(1)
+    canvas = "[data-role=cross] canvas.matrix"
+    rows, cols = int(page.data(canvas, "rows")), int(page.data(canvas, "cols"))
+    assert rows >= 1 and cols == len(page.js("return window.attnkit.view.exportJSON().attention.source"))
+    assert int(page.data(canvas, "filled")) == rows
+    # it streamed: one event per step, the matrix drawn after each with one more row filled
+    fills = page.js("return window.attnkit.view.fills")
+    assert len(fills) >= 2 and fills[0] < fills[-1] <= rows, fills
+    output = [e.text for e in page.finds("[data-role=output] .tok")]
+    assert output[-1] == "</s>" and len(output) == rows
+    hyps = page.finds("[data-role=hypotheses] tr")
+    assert len(hyps) >= 2  # header and the best hypothesis with its score
+
+    # hover a word: the head view keeps only that word's links and marks it
+    all_links = len(page.finds("[data-role=headview] line"))
+    ActionChains(page.d).move_to_element(page.finds("[data-role=output] .tok")[2]).perform()
+    page.wait(lambda: page.finds("[data-role=headview] text.hot"), 5, "the hovered word in the head view")
+    assert 0 < len(page.finds("[data-role=headview] line")) <= cols < all_links
+    ActionChains(page.d).move_to_element(page.find("h2")).perform()
+    page.wait(lambda: len(page.finds("[data-role=headview] line")) == all_links, 5, "all links back")
+    # click it: its links stay (and the URL says so)
+    page.finds("[data-role=output] .tok")[2].click()
+    ActionChains(page.d).move_to_element(page.find("h2")).perform()
+    assert page.find("[data-role=headview] text.hot").text == output[2]
+    assert "word=2" in page.js("return location.hash")
+    page.screenshot("translate")  # the last layer's average, one word's links
+
+    # layer and head: each choice redraws a different map
+    sums = {(page.data(canvas, "layer"), page.data(canvas, "head")): page.data(canvas, "sum")}
+    Select(page.find("[data-role=layer]")).select_by_value("0")
+    Select(page.find("[data-role=head]")).select_by_value("2")
+    assert (page.data(canvas, "layer"), page.data(canvas, "head")) == ("0", "2")
+    sums[("0", "2")] = page.data(canvas, "sum")
+    Select(page.find("[data-role=head]")).select_by_value("1")
+    sums[("0", "1")] = page.data(canvas, "sum")
+    assert len(set(sums.values())) == 3, sums
+    assert "head=1" in page.js("return location.hash") and "layer=0" in page.js("return location.hash")
+
+    for kind in ("png", "svg", "json"):
+        exported = _export(page, downloads, kind)
+    data = json.loads(exported.read_text())
+    assert data["source"] == SENTENCE and len(data["attention"]["cross"][0]) == 4
+
+    # the URL reproduces the view: same sentence, same translation, same layer and head
+    link, translation = page.js("return location.href"), page.js("return window.attnkit.view.result.translation")
+    page.d.get("about:blank")
+    page.d.get(link)
+    page.wait(lambda: page.js("return !!(window.attnkit && window.attnkit.view && window.attnkit.view.result)"),
+              what="the translation from the link")
+    assert page.js("return window.attnkit.view.result.translation") == translation
+    assert (page.data(canvas, "layer"), page.data(canvas, "head")) == ("0", "1")
+    assert page.find("[data-role=headview] text.hot").text == output[2]
+
+
+def test_model_view_shows_every_layer_and_head(page, downloads):
+    page.open(f"model?src={SENTENCE}&open=cross:1:avg", runs=1)
+    for kind in ("encoder", "decoder", "cross"):
+        assert len(page.finds(f"[data-kind={kind}] .thumb")) == 2 * (4 + 1)  # 2 layers x (4 heads + average)
+    assert page.data("[data-role=detail]", "key") == "cross:1:avg"
+    page.find(".thumb[data-key='encoder:0:3']").click()
+    assert page.data("[data-role=detail]", "key") == "encoder:0:3"
+    assert "open=encoder%3A0%3A3" in page.js("return location.hash") or "open=encoder:0:3" in page.js(
+        "return decodeURIComponent(location.hash)")
+    _export(page, downloads, "png")
+    maps = json.loads(_export(page, downloads, "json").read_text())["attention"]
+    assert len(maps["encoder"]) == 2 and len(maps["encoder"][0]) == 4
+    page.screenshot("model")
+
+
+def test_masking_heads_changes_the_output_or_its_score(page, downloads):
+    page.open("interventions")
+    page.type("[data-role=source]", SENTENCE)
+    page.find("[data-role=load]").click()
+    page.wait(lambda: page.finds("[data-head]"), what="the head toggles")
+    before = page.find("[data-role=before] [data-role=score]").text
+    for layer in (0, 1):
+        for head in range(4):
+            page.find(f"[data-head='cross.{layer}.{head}']").click()
+    page.find("[data-role=source-tokens] .tok[data-i='1']").click()
+    # each click re-runs at once: wait for the run with all nine masks
+    page.wait(lambda: page.data("[data-role=after]", "masks") == "8,1", what="the run with every mask")
+    after_output = page.data("[data-role=after]", "output")
+    after = page.find("[data-role=after] [data-role=score]").text
+    assert after_output is not None
+    assert after and after != before, (before, after)
+    assert "cross.1.3" in page.js("return decodeURIComponent(location.hash)")
+    data = json.loads(_export(page, downloads, "json").read_text())
+    assert len(data["mask_heads"]) == 8 and data["mask_source"] == [1] and data["masked"]["score"] is not None
+    page.screenshot("interventions")
+
+
+def test_language_model_at_two_temperatures(page, downloads):
+    page.open("lm")
+    page.type("[data-role=prompt]", "the dog")
+    page.type("[data-role=max]", "8")
+    page.type("[data-role=seed]", "0")
+    page.type("[data-role=temperature]", "1")
+    page.find("[data-role=run]").click()
+    page.wait_done(1)
+    bars_hot = page.data("[data-role=bars]", "first")
+    assert bars_hot and len(page.finds("[data-role=bars] .bar")) >= 2
+    assert page.finds("[data-role=attention-row] .tok")  # the chosen token's causal self-attention
+    first_text = page.find("[data-role=output]").text
+    page.type("[data-role=temperature]", "0.3")
+    page.find("[data-role=run]").click()
+    page.wait_done(2)
+    bars_cold = page.data("[data-role=bars]", "first")
+    assert bars_cold != bars_hot  # a colder distribution to sample from
+    assert "temp=0.3" in page.js("return location.hash")
+    # choose an earlier token: its distribution and attention row come back
+    page.finds("[data-role=output] .tok.toggle")[0].click()
+    assert page.data("[data-role=bars]", "step") == "0"
+    assert page.data("[data-role=attention-row]", "row") is not None
+    assert first_text
+    data = json.loads(_export(page, downloads, "json").read_text())
+    assert data["request"]["temperature"] == 0.3 and data["steps"][0]["top"]
+    _export(page, downloads, "png")
+    page.screenshot("lm")
+    # the link samples the same text again (the seed is in it) and shows the same step
+    link, text = page.js("return location.href"), page.find("[data-role=output]").text
+    page.d.get("about:blank")
+    page.d.get(link)
+    page.wait_done(1)
+    assert page.find("[data-role=output]").text == text and page.data("[data-role=bars]", "step") == "0"
+
+
+def test_caption_an_uploaded_image_word_by_word(page, downloads):
+    page.open("caption")
+    page.find("[data-role=upload]").send_keys(str(SAMPLES / "dog.png"))
+    page.wait_done(1)
+    words = [f.text for f in page.finds("[data-role=words] figure")]
+    assert words and words == page.js("return window.attnkit.view.exportJSON().answer.words")
+    vocabulary = {w for caption in CAPTIONS.values() for w in caption.split()}
+    assert len(words) >= 3 and {w for w in words if not w.startswith("<")} <= vocabulary
+
+    def pixels():
+        return page.js("const c = document.querySelector('[data-role=image]'); "
+                       "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; "
+                       "let s = 0; for (let i = 0; i < d.length; i += 97) s += d[i]; return s")
+
+    ActionChains(page.d).move_to_element(page.finds("[data-role=words] figure")[1]).perform()
+    one = (page.data("[data-role=image]", "word"), pixels())
+    ActionChains(page.d).move_to_element(page.finds("[data-role=words] figure")[3]).perform()
+    other = (page.data("[data-role=image]", "word"), pixels())
+    assert one[0] == "1" and other[0] == "3" and one[1] != other[1]  # each word its own heat map
+    data = json.loads(_export(page, downloads, "json").read_text())
+    assert data["answer"]["grid"] == [7, 7] and len(data["answer"]["attention"]) == len(words)
+    _export(page, downloads, "png")
+    page.screenshot("caption")
+    # a link to a sample image captions it again and shows the word it names
+    page.open("caption?image=beach&word=2", runs=1)
+    assert page.data("[data-role=image]", "word") == "2"
+    assert page.find("canvas[data-sample=beach]").get_attribute("class") == "on"
+
+
+def test_rnnsearch_alignment(page, downloads):
+    page.open(f"rnnsearch?model=rnnsearch&src={SENTENCE}", runs=1)
+    canvas = page.find("[data-role=alignment] canvas.matrix")
+    assert canvas.size["width"] > 100 and page.find("[data-role=output]").text
+    data = json.loads(_export(page, downloads, "json").read_text())
+    (layer,) = data["attention"]["cross"]
+    (alignment,) = layer  # additive attention: one layer, one head
+    assert all(abs(sum(row) - 1) < 1e-2 for row in alignment)
+    page.screenshot("rnnsearch")
+
+
+def test_positional_encoding_computed_in_the_page(page, downloads):
+    page.open("positional?d=64&n=60&pos=10", runs=1)
+    assert "60 positions × 64 dimensions" in page.find("[data-role=status]").text
+    values = page.js("return window.attnkit.view.exportJSON()")
+    assert values["matrix"][3][0] == pytest.approx(0.1411, abs=1e-4)  # sin(3)
+    assert values["matrix"][3][1] == pytest.approx(-0.99, abs=1e-2)  # cos(3)
+    assert values["dot"][7][7] == pytest.approx(32, abs=1e-3)  # |PE[p]|^2 = d_model / 2
+    _export(page, downloads, "png")
+    page.screenshot("positional")
+
+
+@pytest.mark.internals  # wall-clock time
+def test_long_input_every_head_of_every_layer(page):
+    """200 source tokens through a 6-layer, 8-head model: 162 maps drawn; how long, printed."""
+    wide = _wide_checkpoint(page)
+    toks = load_tokenizers(read_config(wide), wide)
+    # dates, cut to 199 pieces (and EOS: 200 tokens); the page trims spaces, so no cut ends in one
+    prefixes = [long[:k] for month in ("march", "june", "may", "july") for long in
+                [" ".join(f"{d} {month} {1990 + d}" for d in range(1, 60))] for k in range(len(long), 0, -1)
+                if not long[:k].endswith(" ")]
+    text = next(t for t in prefixes if len(toks.src.pieces(t)) == 199)
+    n = len(toks.src.pieces(text)) + 1
+    page.open("model")
+    Select(page.find("[data-role=model]")).select_by_value("wide")
+    page.type("[data-role=source]", text)
+    page.type("[data-role=target]", text)
+    start = time.monotonic()
+    page.find("[data-role=run]").click()
+    page.wait_done(1, timeout=60)
+    wall = time.monotonic() - start
+    timing = page.js("return window.attnkit.timings.model")
+    assert timing["source_tokens"] == n == 200
+    assert timing["maps"] == 3 * 6 * (8 + 1)
+    print(f"\nexplorer long input: {n} source tokens, {timing['maps']} maps drawn in {timing['render_ms']:.0f} ms; "
+          f"the answer ({timing['answer_bytes'] / 1e6:.1f} MB) took {timing['wait_ms']:.0f} ms, JSON.parse "
+          f"{timing['parse_ms']:.0f} ms, conversion {timing['convert_ms']:.0f} ms; click to done {wall:.2f} s")
+    assert timing["render_ms"] < 3000
+    # still responsive: opening one map is quick
+    t0 = time.monotonic()
+    page.find(".thumb[data-key='cross:5:avg']").click()
+    assert page.data("[data-role=detail]", "key") == "cross:5:avg"
+    assert time.monotonic() - t0 < 2
+
+
+def _wide_checkpoint(page: Page) -> Path:
+    models = json.load(urllib.request.urlopen(f"{page.url}/v1/models"))["models"]
+    return Path(next(m["path"] for m in models if m["name"] == "wide"))
