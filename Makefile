@@ -1,6 +1,6 @@
 # make demo   — set up .venv on a fresh machine, then train the dates demo (< 3 min)
 # make serve  — attnkit serve on runs/multi30k_en_de, else on runs/demo (make demo first if missing); prints the URL
-# make test   — set up .venv, then run the test suite
+# make test   — set up .venv, then run the test suite (make test-fast: the inner loop, under 2 minutes)
 # make browser — Debian's chromium and chromium-driver (apt-get, only when missing): the explorer's browser tests
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
@@ -49,8 +49,14 @@ serve: $(STAMP)
 	echo "make serve: serving $$run: open http://127.0.0.1:$(SERVE_PORT)/ (the explorer; the API at /docs; Ctrl-C stops)"; \
 	$(RUN) exec $(VENV)/bin/attnkit serve $$run --port $(SERVE_PORT)
 
+# two pytest workers (one torch thread each); the tests that pin torch internals or wall-clock time run alone after
 test: $(STAMP) wheel-check browser
-	$(RUN) $(PY) -m pytest -q
+	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal -m "not internals"
+	$(RUN) $(PY) -m pytest -q -m internals
+
+# the inner loop: everything but the slow (compiling, training, browser) and internals-pinning tests
+test-fast: $(STAMP)
+	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal -m "not slow and not internals"
 
 # tests/test_explorer.py drives the explorer in a real headless Chromium through Selenium (Playwright's own browser
 # download cannot work here); without /usr/bin/chromium after this target those tests are skipped, not failed

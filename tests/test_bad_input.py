@@ -47,13 +47,34 @@ def tiny_run(trained_checkpoint) -> Path:
     return trained_checkpoint.parent.parent
 
 
-class Work:
-    """A case's working directory: ``run`` (a copy of the tiny run), ``ckpt`` (its last checkpoint), a config."""
+@pytest.fixture(scope="module")
+def lm_checkpoint(tmp_path_factory) -> Path:
+    """A tiny character language model's checkpoint (random weights)."""
+    import torch
 
-    def __init__(self, root: Path, tiny_run: Path):
+    from attnkit.checkpoint import model_for, write_checkpoint
+    from attnkit.config import ExperimentConfig, LMConfig
+    from attnkit.data import CharTokenizer
+
+    root = tmp_path_factory.mktemp("lm")
+    cfg = ExperimentConfig(name="lm", model=LMConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, max_positions=32))
+    cfg.data.format, cfg.data.block_size = "tinyshakespeare", 32
+    toks = CharTokenizer.build("to be or not to be\n", root / "chars.json")
+    torch.manual_seed(0)
+    return write_checkpoint(root / "ckpt", model_for(cfg, toks), cfg, [toks.path], {})
+
+
+class Work:
+    """A case's working directory: ``run`` (a copy of the tiny run), ``ckpt`` (its last checkpoint), ``lm`` (a
+    language model's checkpoint), a config."""
+
+    def __init__(self, root: Path, tiny_run: Path, lm_checkpoint: Path | None = None):
         self.root = root
         self.run = root / "run"
         shutil.copytree(tiny_run, self.run, symlinks=True)
+        if lm_checkpoint is not None:
+            self.lm = root / "lm"
+            shutil.copytree(lm_checkpoint, self.lm)
         self.ckpt = (self.run / "checkpoints" / "last").resolve()
         cfg = tiny_experiment()
         cfg.data.n_synthetic = 300
@@ -201,6 +222,14 @@ case("cli", "plot_invalid_json", "bad.json:1")(lambda w: ["plot-by-length", w.wr
 case("cli", "plot_missing_json", "none.json")(lambda w: ["plot-by-length", w.root / "none.json",
                                                           "-o", w.root / "p.png"])
 case("cli", "resume_and_overwrite", "--overwrite")(lambda w: w.resume("--overwrite"))
+case("cli", "language_model_translates", "cannot translate")(
+    lambda w: ["translate", "--checkpoint", w.lm, "--input", w.input])
+case("cli", "language_model_evaluates", "cannot translate")(
+    lambda w: ["evaluate", "--checkpoint", w.lm, "--src", w.input, "--ref", w.input])
+case("cli", "language_model_aligns", "alignment")(
+    lambda w: ["align", "--checkpoint", w.lm, "--src", "to be", "-o", w.root / "a.png"])
+case("cli", "generate_prompt_over_max_tokens", "--prompt")(
+    lambda w: ["generate", "--checkpoint", w.lm, "--prompt", "to be " * 200, "--max-new-tokens", "1"])
 
 # checkpoints
 case("checkpoint", "checkpoint_missing", "nowhere")(lambda w: w.translate()[:1] + [
@@ -294,9 +323,9 @@ def test_there_are_enough_cases():
 
 
 @pytest.mark.parametrize("category, name, setup, needle", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
-def test_bad_input(category, name, setup, needle, tmp_path, tiny_run, capsys, monkeypatch):
+def test_bad_input(category, name, setup, needle, tmp_path, tiny_run, lm_checkpoint, capsys, monkeypatch):
     monkeypatch.delenv("ATTNKIT_DEBUG", raising=False)
-    w = Work(tmp_path, tiny_run)
+    w = Work(tmp_path, tiny_run, lm_checkpoint)
     monkeypatch.chdir(tmp_path)  # anything written by mistake lands in the hashed tree
     argv = setup(w)
     stdin = None
@@ -333,16 +362,28 @@ def test_bad_input(category, name, setup, needle, tmp_path, tiny_run, capsys, mo
 # --- beyond the table: a full disk, a damaged newest checkpoint, a bug
 
 
-def test_full_disk_during_a_save_keeps_earlier_checkpoints(tmp_path, tiny_run, capsys, monkeypatch):
+@pytest.mark.parametrize("where", ["weights", "trainer_state_from_safetensors", "meta"])
+def test_full_disk_during_a_save_keeps_earlier_checkpoints(where, tmp_path, tiny_run, capsys, monkeypatch):
     w = Work(tmp_path, tiny_run)
     checkpoints = w.run / "checkpoints"
     before = tree_digest(checkpoints)
     import attnkit.checkpoint
+    from safetensors import SafetensorError
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(a[1]) if len(a) > 1 else None)
 
-    monkeypatch.setattr(attnkit.checkpoint, "save_model", full)
+    def full_as_safetensors_says(*a, **k):  # what its Rust writer raises
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                              '"No space left on device" })')
+
+    if where == "weights":
+        monkeypatch.setattr(attnkit.checkpoint, "save_model", full)
+    elif where == "trainer_state_from_safetensors":
+        monkeypatch.setattr(attnkit.checkpoint, "save_file", full_as_safetensors_says)
+    else:
+        monkeypatch.setattr(attnkit.checkpoint.json, "dumps", lambda *a, **k: (_ for _ in ()).throw(
+            OSError(errno.ENOSPC, "No space left on device")))
     capsys.readouterr()
     code = main([str(a) for a in w.resume("--set", "train.max_steps=6")])
     err = capsys.readouterr().err
@@ -399,3 +440,19 @@ def _with_demo(parser, func):
         if hasattr(action, "choices") and isinstance(action.choices, dict) and "demo" in action.choices:
             action.choices["demo"].set_defaults(func=func)
     return parser
+
+
+# --- and what is asked for explicitly still works
+
+
+def test_overwrite_starts_a_run_again_and_average_overwrites_a_checkpoint(tmp_path, tiny_run, capsys):
+    w = Work(tmp_path, tiny_run)
+    old = sorted(p.name for p in (w.run / "checkpoints").iterdir())
+    assert main([str(a) for a in ["train", w.config, "--run-dir", w.run, "--overwrite", "--set",
+                                  "train.max_steps=2"]]) == 0
+    new = sorted(p.name for p in (w.run / "checkpoints").iterdir())
+    assert "step-4" in old and "step-4" not in new and "step-2" in new
+    out = w.root / "avg"
+    assert main([str(a) for a in ["average", w.run / "checkpoints" / "step-2", "-o", out]]) == 0
+    assert main([str(a) for a in ["average", w.run / "checkpoints" / "step-2", "-o", out]]) == 2
+    assert main([str(a) for a in ["average", w.run / "checkpoints" / "step-2", "-o", out, "--overwrite"]]) == 0

@@ -30,6 +30,7 @@ A run directory resolves to one checkpoint by one rule: ``checkpoints/best`` (th
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -61,11 +62,25 @@ def file_digest(file: Path) -> str:
 
 
 def model_record(cfg: ExperimentConfig) -> dict:
-    """The model config that shapes the weights, as meta.json keeps it (dropout rates excepted: they do not)."""
+    """The model config that shapes the weights, as meta.json keeps it (dropout rates and Show-Attend-Tell's
+    attention penalty excepted: they do not; and the preset's name: its values are recorded one by one)."""
     table = dataclasses.asdict(cfg.model)
-    record = {k: list(v) if isinstance(v, tuple) else v for k, v in table.items() if "dropout" not in k}
+    record = {k: list(v) if isinstance(v, tuple) else v for k, v in table.items()
+              if "dropout" not in k and k not in ("preset", "attention_penalty")}  # a loss weight, not a shape
     record["family"] = cfg.model.family
     return record
+
+
+def _saved(save, tensors_or_model, file: Path) -> None:
+    """safetensors' writer reports a full disk as a SafetensorError ("... Os { code: 28, kind: StorageFull ...");
+    make it the OSError it is, and any other failure to write a one-line error naming the file."""
+    try:
+        save(tensors_or_model, str(file))
+    except SafetensorError as e:
+        text = str(e)
+        if "StorageFull" in text or "code: 28" in text or "No space left" in text:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file)) from None
+        raise AttnkitError(f"{file}: cannot write ({' '.join(text.split())})") from None
 
 
 def _test_pause(stage: str) -> None:
@@ -85,13 +100,13 @@ def write_checkpoint(path: Path, model, cfg: ExperimentConfig, files: list[Path]
     tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private
-        save_model(model, str(tmp / "model.safetensors"))
+        _saved(save_model, model, tmp / "model.safetensors")
         _test_pause("weights")
         (tmp / "config.toml").write_text(dump_toml(cfg), encoding="utf-8")
         for f in files:
             shutil.copyfile(f, tmp / Path(f).name)
         if trainer_tensors is not None:
-            save_file(trainer_tensors, str(tmp / "trainer.safetensors"))
+            _saved(save_file, trainer_tensors, tmp / "trainer.safetensors")
         records = {f.name: {"size": f.stat().st_size, "sha256": file_digest(f)} for f in sorted(tmp.iterdir())}
         meta = {**meta, "files": records, "model": model_record(cfg)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")

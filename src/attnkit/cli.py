@@ -91,7 +91,7 @@ def _check_run_dir(args, run_dir: Path) -> None:
                                "or --overwrite to replace it")
         import shutil
 
-        shutil.rmtree(ckpts)
+        shutil.rmtree(ckpts, ignore_errors=True)  # every rank under torchrun: whichever comes first
         for name in ("metrics.jsonl", "config.toml"):
             (run_dir / name).unlink(missing_ok=True)
 
@@ -566,7 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="default: $ATTNKIT_DATA, then ../shared/data")
     p.add_argument("--resume", nargs="?", const="last", help="continue from a checkpoint (default: the run's last)")
     p.add_argument("--overwrite", action="store_true",
-                   help="start again in a run directory that holds checkpoints, removing them (default: refuse)")
+                   help="start again in a run directory that holds checkpoints, removing them, its metrics and "
+                        "config (its tokenizer files are kept and reused; default: refuse)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("translate", help="translate stdin (or --input) to stdout (or --output)")

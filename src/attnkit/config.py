@@ -20,10 +20,10 @@ from attnkit.errors import AttnkitError
 
 
 @dataclass
-class TransformerConfig:
-    """The Transformer encoder-decoder (Vaswani et al. 2017); ``preset`` "base", "big" (the paper), "small", "tiny"."""
+class EncoderDecoderSizes:
+    """The sizes every Transformer-decoded family shares (the encoder is each family's own)."""
 
-    family: str = "transformer"
+    family: str = ""
     preset: str = ""
     d_model: int = 256
     n_heads: int = 4
@@ -35,14 +35,21 @@ class TransformerConfig:
     activation_dropout: float = 0.0  # inside the FFN; off in the paper, and costly on a CPU (the d_ff-wide tensor)
     activation: str = "relu"
     norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
-    positional: str = "sinusoidal"  # or "learned"
+    positional: str = "sinusoidal"  # or "learned" (of the target words; and of the source words where it has them)
     max_positions: int = 1024
-    share_embeddings: bool = True  # source/target embeddings and output layer tied (needs a joint vocabulary)
 
     @property
     def width(self) -> int:
         """The model width the "noam" learning-rate schedule scales by."""
         return self.d_model
+
+
+@dataclass
+class TransformerConfig(EncoderDecoderSizes):
+    """The Transformer encoder-decoder (Vaswani et al. 2017); ``preset`` "base", "big" (the paper), "small", "tiny"."""
+
+    family: str = "transformer"
+    share_embeddings: bool = True  # source/target embeddings and output layer tied (needs a joint vocabulary)
 
 
 @dataclass
@@ -55,28 +62,13 @@ class ConvTransformerConfig(TransformerConfig):
 
 
 @dataclass
-class TransformerCaptionerConfig:
-    """Self-attention over an image grid of ``d_feature``-channel cells, then the Transformer decoder."""
+class TransformerCaptionerConfig(EncoderDecoderSizes):
+    """Self-attention over an image grid of ``d_feature``-channel cells (each cell a learned position), then the
+    Transformer decoder."""
 
     family: str = "transformer_captioner"
-    preset: str = ""
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
     n_encoder_layers: int = 2
-    n_decoder_layers: int = 3
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation: str = "relu"
-    norm_first: bool = False
-    positional: str = "sinusoidal"  # of the caption's words; each grid cell has a learned position
-    max_positions: int = 1024
     d_feature: int = 1280
-
-    @property
-    def width(self) -> int:
-        return self.d_model
 
 
 @dataclass

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from attnkit.decode.search import beam_step, greedy_step
 from attnkit.fast.attention import single_query_attention
 from attnkit.fast.ranking import argmax_rows, best_extensions
-from attnkit.models.contract import DecodingState, GenerativeModel, beam_rows
+from attnkit.models.contract import DecodingState, GenerativeModel, beam_rows, mean_step_attention
 from attnkit.models.transformer import EncoderDecoder, Memory
 
 
@@ -167,14 +167,12 @@ def grouped_step(model: EncoderDecoder, tokens: Tensor, state: GroupedDecoderSta
     :class:`GroupedDecoderState`: tokens [N] -> (log_probs [N, V], the next state, attention [N, S] or None)."""
     x = model.tgt_embed(tokens[:, None], offset=state.offset)
     padding_mask = state.memory.padding_mask
-    caches, attn = [], None
+    caches, weights = [], []
     for layer, kv, cache in zip(model.decoder, state.memory_kv, state.caches):
         x, w, cache = _grouped_layer(layer, x, padding_mask, kv, cache, need_weights, state.beams)
         caches.append(cache)
-        if w is not None:
-            attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
-    if attn is not None:
-        attn = attn / len(model.decoder)
+        weights.append(w)
+    attn = mean_step_attention(weights)
     logits = model.output(model.decoder_norm(x[:, 0]))
     return (torch.log_softmax(logits.float(), dim=-1),
             GroupedDecoderState(state.memory, state.memory_kv, caches, state.offset + 1, state.beams), attn)

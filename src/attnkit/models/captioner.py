@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 from attnkit.config import ShowAttendTellConfig, TransformerCaptionerConfig
 from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
-from attnkit.models.transformer import EncoderDecoder, Memory, init_feed_forward
-from attnkit.nn import EncoderLayer, LearnedPositionalEmbedding, make_score
+from attnkit.models.transformer import EncoderDecoder, Memory, encoder_layers
+from attnkit.nn import LearnedPositionalEmbedding, make_score
 from attnkit.nn.loss import label_smoothed_nll
 from attnkit.tokens import PAD
 
@@ -152,11 +152,8 @@ class TransformerCaptioner(EncoderDecoder):
         self.feature_proj = nn.Sequential(nn.Linear(cfg.d_feature, d), nn.LayerNorm(d))
         self.cell_positions = LearnedPositionalEmbedding(d, n_cells)
         self.feature_dropout = nn.Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(
-            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
-                         cfg.activation, cfg.norm_first) for _ in range(cfg.n_encoder_layers))
+        self.encoder = encoder_layers(cfg)
         self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
-        init_feed_forward(self.encoder)
         self.build_decoder(cfg, vocab_size)
 
     def encode(self, features: Tensor, need_weights: bool = False):

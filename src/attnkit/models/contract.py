@@ -119,6 +119,17 @@ class GenerativeModel(nn.Module):
             raise AttnkitError(f"a {self.family} model cannot {capability} (it can: {can})")
 
 
+def mean_step_attention(weights: list[Tensor | None]) -> Tensor | None:
+    """One decoding step's attention [N, S] from each layer's weights [N, H, 1, S]: the mean over heads and layers
+    (None when the step was not asked for its weights)."""
+    if not weights or weights[0] is None:
+        return None
+    total = weights[0][:, :, 0].mean(1)
+    for w in weights[1:]:
+        total = total + w[:, :, 0].mean(1)
+    return total / len(weights)
+
+
 def device_of(model: nn.Module) -> torch.device:
     """Where ``model`` keeps its weights (the CPU for models without parameters)."""
     first = next(model.parameters(), None) if isinstance(model, nn.Module) else None

@@ -85,10 +85,7 @@ class ConvTransformer(EncoderDecoder):
         self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
         self.build_decoder(cfg, tgt_vocab_size)
         if cfg.share_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise ValueError("share_embeddings needs a joint vocabulary (equal source and target sizes)")
-            self.tgt_embed.tokens.weight = self.src_embed.tokens.weight
-            self.output.weight = self.src_embed.tokens.weight
+            self.tie_source_embedding(src_vocab_size, tgt_vocab_size)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list]:
         """src [B, S] -> Memory [B, S, d_model]; with ``need_weights`` also an empty list (no self-attention)."""

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from attnkit.config import LMConfig
 from attnkit.errors import AttnkitError
-from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
+from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput, mean_step_attention
 from attnkit.nn import AdaptiveInput, EncoderLayer, KVCache, TokenEmbedding, make_positional
 from attnkit.nn.loss import projected_label_smoothed_nll
 from attnkit.tokens import PAD
@@ -146,13 +146,11 @@ class TransformerLM(GenerativeModel):
         averaged over heads and layers, or None.
         """
         x = self.embed(tokens[:, None], offset=state.offset)
-        caches, attn = [], None
+        caches, weights = [], []
         for layer, cache in zip(self.layers, state.caches):
             x, w, cache = layer(x, need_weights=need_weights, causal=True, cache=cache)
             caches.append(cache)
-            if w is not None:
-                attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
-        if attn is not None:
-            attn = attn / len(self.layers)
+            weights.append(w)
+        attn = mean_step_attention(weights)
         logits = self.output_logits(self.norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), LMState(caches, state.offset + 1), attn

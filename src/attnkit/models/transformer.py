@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import TransformerConfig
-from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
+from attnkit.config import EncoderDecoderSizes, TransformerConfig
+from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput, mean_step_attention
 from attnkit.nn import DecoderLayer, EncoderLayer, KVCache, TokenEmbedding, make_positional
 from attnkit.nn.loss import projected_label_smoothed_nll
 from attnkit.tokens import PAD
@@ -67,6 +67,15 @@ def init_feed_forward(layers) -> None:
             nn.init.zeros_(lin.bias)
 
 
+def encoder_layers(cfg: EncoderDecoderSizes) -> nn.ModuleList:
+    """``n_encoder_layers`` self-attention + FFN layers of ``cfg``'s sizes, initialised as the paper's."""
+    layers = nn.ModuleList(
+        EncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
+                     cfg.activation, cfg.norm_first) for _ in range(cfg.n_encoder_layers))
+    init_feed_forward(layers)
+    return layers
+
+
 class EncoderDecoder(GenerativeModel):
     """The Transformer's decoder side: target embedding, decoder layers, (pre-LN) final norm and the output
     layer tied to the target embedding (section 3.4). Subclasses build an encoder and implement
@@ -75,7 +84,7 @@ class EncoderDecoder(GenerativeModel):
     capabilities = frozenset({"score", "attention"})
     projected_loss = staticmethod(projected_label_smoothed_nll)  # the fast runtime installs a fused one
 
-    def build_decoder(self, cfg: TransformerConfig, tgt_vocab_size: int) -> None:
+    def build_decoder(self, cfg: EncoderDecoderSizes, tgt_vocab_size: int) -> None:
         d = cfg.d_model
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
                                         cfg.dropout, PAD)
@@ -87,6 +96,13 @@ class EncoderDecoder(GenerativeModel):
         self.output = nn.Linear(d, tgt_vocab_size, bias=False)
         self.output.weight = self.tgt_embed.tokens.weight  # tied as in section 3.4
         init_feed_forward(self.decoder)
+
+    def tie_source_embedding(self, src_vocab_size: int, tgt_vocab_size: int) -> None:
+        """``share_embeddings``: one matrix for the source and target embeddings and the output layer."""
+        if src_vocab_size != tgt_vocab_size:
+            raise ValueError("share_embeddings needs a joint vocabulary (equal source and target sizes)")
+        self.tgt_embed.tokens.weight = self.src_embed.tokens.weight
+        self.output.weight = self.src_embed.tokens.weight
 
     def decode_all(self, tgt_in: Tensor, memory: Memory, need_weights: bool = False):
         """Teacher forcing: tgt_in [B, T] (BOS + target[:-1]) -> (the decoder's output states [B, T, d_model],
@@ -133,15 +149,13 @@ class EncoderDecoder(GenerativeModel):
         ``attention`` is the cross-attention [B, S] averaged over heads and layers, or None.
         """
         x = self.tgt_embed(tokens[:, None], offset=state.offset)
-        caches, attn = [], None
+        caches, weights = [], []
         for layer, kv, cache in zip(self.decoder, state.memory_kv, state.caches):
             x, _, w, cache = layer(x, None, state.memory.padding_mask, cache=cache, memory_kv=kv,
                                    need_weights=need_weights)
             caches.append(cache)
-            if w is not None:
-                attn = w[:, :, 0].mean(1) if attn is None else attn + w[:, :, 0].mean(1)
-        if attn is not None:
-            attn = attn / len(self.decoder)
+            weights.append(w)
+        attn = mean_step_attention(weights)
         logits = self.output(self.decoder_norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), DecoderState(state.memory, state.memory_kv, caches,
                                                                     state.offset + 1), attn
@@ -159,17 +173,11 @@ class Transformer(EncoderDecoder):
         d = cfg.d_model
         self.src_embed = TokenEmbedding(src_vocab_size, d, make_positional(cfg.positional, d, cfg.max_positions),
                                         cfg.dropout, PAD)
-        self.encoder = nn.ModuleList(
-            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout, cfg.activation_dropout,
-                         cfg.activation, cfg.norm_first) for _ in range(cfg.n_encoder_layers))
+        self.encoder = encoder_layers(cfg)
         self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
-        init_feed_forward(self.encoder)
         self.build_decoder(cfg, tgt_vocab_size)
         if cfg.share_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise ValueError("share_embeddings needs a joint vocabulary (equal source and target sizes)")
-            self.tgt_embed.tokens.weight = self.src_embed.tokens.weight
-            self.output.weight = self.src_embed.tokens.weight  # one matrix: source, target and output
+            self.tie_source_embedding(src_vocab_size, tgt_vocab_size)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list[Tensor]]:
         """src [B, S] token ids (PAD-padded) -> Memory; with ``need_weights`` also each layer's self-attention

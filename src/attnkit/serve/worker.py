@@ -4,9 +4,10 @@ Torch on a few cores is fastest with one caller: every model runs in this one th
 for the cores, and a module changed for an intervention (:meth:`attnkit.api.Model.intervene`) is never seen by
 another request. Requests that can share a batch carry the same ``key`` (translation: the model and every decoding
 option); the worker takes the oldest request and gathers the others of its key until ``max_wait_ms`` pass without
-a new request (counted from that request's arrival or from the end of the worker's last batch, whichever is later),
-at most ``WAIT_CAP`` times that long, or until the batch holds ``max_batch_tokens`` source tokens; then it runs them
-as one batch. A lone request thus waits ``max_wait_ms``. Others run one at a time, in arrival order.
+a new request (counted from that request's arrival or from the moment every answer of the worker's last batch was
+handed to its client, whichever is later), at most ``WAIT_CAP`` times that long, or until the batch holds
+``max_batch_tokens`` source tokens; then it runs them as one batch. A lone request thus waits ``max_wait_ms``.
+Others run one at a time, in arrival order.
 
 Why wait after a batch, and while requests keep coming: under steady load the clients of one batch send their next
 requests while the next batch already runs, so a worker that went on at once would split the clients into groups
@@ -106,7 +107,9 @@ class Worker:
         self.admitted = 0
         self.thread: threading.Thread | None = None
         self.stopping = False
-        self.free_since = 0.0  # when the worker finished its last batch
+        self.free_since = 0.0  # when every answer of the last batch was handed over
+        self.finished_at = 0.0  # when the worker finished its last batch
+        self.answering: set[Job] = set()  # the last batch's requests whose answers are not handed over yet
         self.last_arrival = 0.0  # when the last request was queued
 
     # --- the event loop's side
@@ -126,6 +129,11 @@ class Worker:
             if job.loop is not None and not getattr(job, "_released", False):
                 job._released = True
                 self.admitted -= 1
+            if job in self.answering:
+                self.answering.discard(job)
+                if not self.answering:
+                    self.free_since = time.monotonic()
+                    self.cond.notify()
 
     def submit(self, job: Job) -> None:
         job.enqueued = time.monotonic()
@@ -186,12 +194,15 @@ class Worker:
                 # wait for more of its kind: until max_wait passes without a new request (at most WAIT_CAP times
                 # that), or a full batch
                 wait = self.settings.max_wait_ms / 1000
-                start = max(first.enqueued, self.free_since)
                 while True:
                     same = [j for j in self.queue if j.key == first.key and not j.cancelled]
                     if sum(j.tokens for j in same) >= self.settings.max_batch_tokens or not same:
                         break
-                    until = min(max(start, self.last_arrival) + wait, start + WAIT_CAP * wait)
+                    if self.answering:  # the last batch's answers are still going out: their clients come back
+                        until = self.finished_at + WAIT_CAP * wait
+                    else:
+                        start = max(first.enqueued, self.free_since)
+                        until = min(max(start, self.last_arrival) + wait, start + WAIT_CAP * wait)
                     left = until - time.monotonic()
                     if left <= 0 or self.stopping:
                         break
@@ -227,12 +238,16 @@ class Worker:
                     j.finish(error=e)
                 continue
             self.metrics.batch(sum(_sentences(j) for j in batch), time.perf_counter() - start)
+            with self.cond:
+                self.finished_at = time.monotonic()
+                self.answering = {j for j in batch if not j.cancelled and not getattr(j, "_released", False)}
+                if not self.answering:
+                    self.free_since = self.finished_at
             for j, r in zip(batch, results):
                 if isinstance(r, BaseException):
                     j.finish(error=r)
                 else:
                     j.finish(r)
-            self.free_since = time.monotonic()
 
 
 def _sentences(job: Job) -> int:
