@@ -362,13 +362,14 @@ def test_bad_input(category, name, setup, needle, tmp_path, tiny_run, lm_checkpo
 # --- beyond the table: a full disk, a damaged newest checkpoint, a bug
 
 
-@pytest.mark.parametrize("where", ["weights", "trainer_state_from_safetensors", "meta"])
+@pytest.mark.parametrize("where", ["weights", "trainer_state_from_safetensors", "tokenizer_copy"])
 def test_full_disk_during_a_save_keeps_earlier_checkpoints(where, tmp_path, tiny_run, capsys, monkeypatch):
     w = Work(tmp_path, tiny_run)
     checkpoints = w.run / "checkpoints"
     before = tree_digest(checkpoints)
-    import attnkit.checkpoint
     from safetensors import SafetensorError
+
+    import attnkit.checkpoint
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(a[1]) if len(a) > 1 else None)
@@ -381,15 +382,15 @@ def test_full_disk_during_a_save_keeps_earlier_checkpoints(where, tmp_path, tiny
         monkeypatch.setattr(attnkit.checkpoint, "save_model", full)
     elif where == "trainer_state_from_safetensors":
         monkeypatch.setattr(attnkit.checkpoint, "save_file", full_as_safetensors_says)
-    else:
-        monkeypatch.setattr(attnkit.checkpoint.json, "dumps", lambda *a, **k: (_ for _ in ()).throw(
-            OSError(errno.ENOSPC, "No space left on device")))
+    else:  # copying the tokenizer beside the weights
+        monkeypatch.setattr(attnkit.checkpoint.shutil, "copyfile", full)
     capsys.readouterr()
     code = main([str(a) for a in w.resume("--set", "train.max_steps=6")])
     err = capsys.readouterr().err
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1].startswith("attnkit: error: ") and "no space left" in lines[-1], err
+    assert ".tmp-step-" in lines[-1] or "checkpoints" in lines[-1], err  # it happened in the checkpoint write
     assert sum(line.startswith("attnkit:") for line in lines) == 1
     assert tree_digest(checkpoints) == before  # nothing earlier touched, no temporary folder left
 

@@ -12,7 +12,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # required on /v1/* and /metrics when set
-    max_wait_ms: float = 5.0  # a batch closes once no request came for this long (attnkit.serve.worker)
+    max_wait_ms: float = 5.0  # the longest a batch waits for more requests to share it (attnkit.serve.worker)
     max_batch_tokens: int = 4000  # source tokens per batch (and attnkit translate's --batch-tokens)
     queue_size: int = 256  # requests admitted at once (waiting or decoding); more: 429
     timeout: float = 30.0  # seconds a request may take, queueing included; then 504

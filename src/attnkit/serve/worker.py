@@ -3,17 +3,17 @@
 Torch on a few cores is fastest with one caller: every model runs in this one thread, so requests never compete
 for the cores, and a module changed for an intervention (:meth:`attnkit.api.Model.intervene`) is never seen by
 another request. Requests that can share a batch carry the same ``key`` (translation: the model and every decoding
-option); the worker takes the oldest request and gathers the others of its key until ``max_wait_ms`` pass without
-a new request (counted from that request's arrival or from the moment every answer of the worker's last batch was
-handed to its client, whichever is later), at most ``WAIT_CAP`` times that long, or until the batch holds
-``max_batch_tokens`` source tokens; then it runs them as one batch. A lone request thus waits ``max_wait_ms``.
-Others run one at a time, in arrival order.
+option). The worker takes the oldest request and gathers the others of its key until one of:
 
-Why wait after a batch, and while requests keep coming: under steady load the clients of one batch send their next
-requests while the next batch already runs, so a worker that went on at once would split the clients into groups
-that take turns and never merge again (each group's requests arrive while the other's batch decodes), and small
-batches decode each sentence at a higher cost. Waiting for the group just answered to come back keeps the batches
-as large as the load.
+* the batch holds ``max_batch_tokens`` source tokens;
+* as many requests are queued as were in flight (admitted) at the peak of the last ``PEAK_SECONDS``: everyone who
+  has been sending is here (a lone client's request goes at once);
+* ``max_wait_ms`` have passed since that request arrived or the worker finished its last batch, whichever is later.
+
+Then it runs them as one batch. Others run one at a time, in arrival order. Why wait for the recent peak: under steady
+load the clients of one batch send their next requests while the next batch already runs; a worker that went on
+with whoever is queued would split the clients into groups that take turns and never merge again (each group's
+requests arrive while the other's batch decodes), and small batches decode each sentence at a higher cost.
 
 Admission is bounded: at most ``queue_size`` requests are admitted (waiting or running) at once; one more is
 answered 429. A request leaves when its answer is complete, its time is up, or its client disconnects; a batch
@@ -34,7 +34,7 @@ from attnkit.serve.errors import ApiError
 
 log = logging.getLogger("attnkit.serve")
 
-WAIT_CAP = 10  # a batch gathers for at most this many times max_wait_ms
+PEAK_SECONDS = 2.0  # how far back the peak of requests in flight is remembered
 
 
 class Abandoned(Exception):
@@ -107,10 +107,8 @@ class Worker:
         self.admitted = 0
         self.thread: threading.Thread | None = None
         self.stopping = False
-        self.free_since = 0.0  # when every answer of the last batch was handed over
         self.finished_at = 0.0  # when the worker finished its last batch
-        self.answering: set[Job] = set()  # the last batch's requests whose answers are not handed over yet
-        self.last_arrival = 0.0  # when the last request was queued
+        self.peaks: deque[tuple[float, int]] = deque()  # (time, requests in flight) at each admission
 
     # --- the event loop's side
 
@@ -122,23 +120,27 @@ class Worker:
                 raise ApiError(429, f"queue: full ({self.settings.queue_size} requests waiting or running); "
                                     f"retry after {retry} s", {"Retry-After": str(retry)})
             self.admitted += 1
+            now = time.monotonic()
+            self.peaks.append((now, self.admitted))
+            while self.peaks and self.peaks[0][0] < now - PEAK_SECONDS:
+                self.peaks.popleft()
         job.bind()
+
+    def recent_peak(self) -> int:
+        """The most requests in flight at once in the last PEAK_SECONDS (at least 1)."""
+        now = time.monotonic()
+        return max([n for t, n in self.peaks if t >= now - PEAK_SECONDS], default=1)
 
     def release(self, job: Job) -> None:
         with self.cond:
             if job.loop is not None and not getattr(job, "_released", False):
                 job._released = True
                 self.admitted -= 1
-            if job in self.answering:
-                self.answering.discard(job)
-                if not self.answering:
-                    self.free_since = time.monotonic()
-                    self.cond.notify()
+
 
     def submit(self, job: Job) -> None:
         job.enqueued = time.monotonic()
         with self.cond:
-            self.last_arrival = job.enqueued
             self.queue.append(job)
             self.cond.notify()
 
@@ -191,18 +193,13 @@ class Worker:
                     continue
                 if first.key is None:
                     return [self.queue.popleft()]
-                # wait for more of its kind: until max_wait passes without a new request (at most WAIT_CAP times
-                # that), or a full batch
-                wait = self.settings.max_wait_ms / 1000
+                # wait for more of its kind: a full batch, everyone recently in flight, or max_wait
+                until = max(first.enqueued, self.finished_at) + self.settings.max_wait_ms / 1000
                 while True:
                     same = [j for j in self.queue if j.key == first.key and not j.cancelled]
-                    if sum(j.tokens for j in same) >= self.settings.max_batch_tokens or not same:
+                    if not same or sum(j.tokens for j in same) >= self.settings.max_batch_tokens or \
+                            len(same) >= self.recent_peak():
                         break
-                    if self.answering:  # the last batch's answers are still going out: their clients come back
-                        until = self.finished_at + WAIT_CAP * wait
-                    else:
-                        start = max(first.enqueued, self.free_since)
-                        until = min(max(start, self.last_arrival) + wait, start + WAIT_CAP * wait)
                     left = until - time.monotonic()
                     if left <= 0 or self.stopping:
                         break
@@ -238,11 +235,7 @@ class Worker:
                     j.finish(error=e)
                 continue
             self.metrics.batch(sum(_sentences(j) for j in batch), time.perf_counter() - start)
-            with self.cond:
-                self.finished_at = time.monotonic()
-                self.answering = {j for j in batch if not j.cancelled and not getattr(j, "_released", False)}
-                if not self.answering:
-                    self.free_since = self.finished_at
+            self.finished_at = time.monotonic()
             for j, r in zip(batch, results):
                 if isinstance(r, BaseException):
                     j.finish(error=r)
