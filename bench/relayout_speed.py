@@ -10,8 +10,9 @@ The earlier revision is read from git (``git archive REV src/attnkit``) into a t
 
 Training: the recipe's model (configs/multi30k_en_de.toml), its dropout on, one thread, Adam, the same batches of
 the Multi30k training set. Translation: the first test_2016_flickr sentences, length-sorted batches, decoded by
-the current revision's fast decoder (what ``attnkit translate`` runs) and by the earlier revision's model; the
-weights are random (the same in both), so every output runs to its length limit: the same work in both.
+the current revision's fast decoder (what ``attnkit translate`` runs) and by the earlier revision's model, both
+with the weights of ``--checkpoint`` (a trained Multi30k model of that config, so that outputs have their real
+lengths; without one, random weights, and every output runs to its length limit).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 
 import attnkit
 from attnkit import fast
+from attnkit.checkpoint import load_checkpoint
 from attnkit.config import load_config
 from attnkit.data import build_tokenizers, collate, encode_pairs, load_split, pad, token_batches
 from attnkit.decode import generate, max_lengths
@@ -139,6 +141,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", required=True, help="the git revision to compare with")
     ap.add_argument("--config", default="configs/multi30k_en_de.toml")
+    ap.add_argument("--checkpoint", default="runs/multi30k_en_de/checkpoints/averaged",
+                    help="a trained checkpoint of --config's model (its weights and tokenizer); "
+                         "missing: random weights")
     ap.add_argument("--data-dir")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=12, help="timed training steps per system and round")
@@ -154,9 +159,16 @@ def main() -> int:
 
     cfg = load_config(args.config)
     pairs = load_split(cfg.data, "train", args.data_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        toks = build_tokenizers(cfg.data, pairs, Path(tmp))
-        data = encode_pairs(toks, pairs, cfg.data.max_len)
+    trained = None
+    if Path(args.checkpoint).exists():
+        trained, trained_cfg, toks, checkpoint = load_checkpoint(args.checkpoint)
+        if trained_cfg.model != cfg.model:
+            raise SystemExit(f"{args.checkpoint}: not a model of {args.config}")
+        print(f"weights and tokenizer of {checkpoint}", flush=True)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            toks = build_tokenizers(cfg.data, pairs, Path(tmp))
+    data = encode_pairs(toks, pairs, cfg.data.max_len)
     order = token_batches([len(s) for s in data.src], [len(t) for t in data.tgt], cfg.train.max_tokens,
                           seed=cfg.train.seed)[: 2 * args.train_steps * (args.rounds + 1)]
     batches = [collate([data.src[i] for i in idx], [data.tgt[i] for i in idx], idx) for idx in order]
@@ -180,6 +192,8 @@ def main() -> int:
             out.append((pad(chunk), max_lengths(torch.tensor([len(s) - 1 for s in chunk]), d.max_len_a, d.max_len_b)))
         return out
 
+    if trained is not None:
+        after_model.load_state_dict(trained.state_dict())
     before_model.load_state_dict(after_model.state_dict())  # trained with other dropout masks: the same weights again
     before_model.eval()
     after_model.eval()
@@ -223,6 +237,7 @@ def main() -> int:
     metrics["translation"] = translation
     write_results(args.out, "relayout_speed", "python " + shlex.join(sys.argv), metrics,
                   before=commit_of(args.before), after_version=attnkit.__version__, threads=args.threads,
+                  checkpoint=args.checkpoint if trained is not None else None,
                   rounds=args.rounds, train_steps_per_round=args.train_steps, sentences_batch64=args.sentences,
                   sentences_batch1=args.sentences_one)
     print(f"wrote {args.out}")

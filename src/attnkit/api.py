@@ -93,6 +93,7 @@ class Model:
 
         self.module.require("translate")
         one = isinstance(sentences, str)
+        self._check_lengths([sentences] if one else sentences)
         d = self.config.decode
         penalty = d.len_penalty if len_penalty is None else len_penalty
         out = translate(self.decoder, self.tokenizers, [sentences] if one else list(sentences),
@@ -108,6 +109,7 @@ class Model:
         from attnkit.decode import complete
 
         self.module.require("generate")
+        self._check_lengths([prompt])
         return complete(self.decoder, self.tokenizers, prompt, max_new_tokens, temperature, top_k, top_p, seed,
                         on_text=on_text).text
 
@@ -149,6 +151,8 @@ class Model:
             raise AttnkitError("score takes lists: score([source, ...], [target, ...])")
         if sources is not None and len(sources) != len(targets):
             raise AttnkitError(f"score: {len(sources)} sources but {len(targets)} targets")
+        if sources is not None and "caption" not in self.capabilities:
+            self._check_lengths(sources)
         scores = []
         for i, target in enumerate(targets):
             src = None if sources is None else self._source(sources[i])
@@ -175,6 +179,8 @@ class Model:
                 src, tgt_in = None, torch.tensor([[BOS] + ids])
                 source_tokens = []
             else:
+                if "caption" not in self.capabilities:
+                    self._check_lengths([source])
                 if target is None:
                     target = self.caption(source) if "caption" in self.capabilities else self.translate(source)
                 ids = self._target_ids(target)
@@ -292,11 +298,20 @@ class Model:
         from attnkit.decode import align
 
         self.module.require("align")
+        self._check_lengths([sentence])
         d = self.config.decode
         return align(self.module, self.tokenizers, sentence, beam_size=beam or d.beam_size, len_penalty=d.len_penalty,
                      max_len_a=d.max_len_a, max_len_b=d.max_len_b, layer=layer, head=head)
 
     # --- tokens
+
+    def _check_lengths(self, texts) -> None:
+        """Bounded work: a source longer than ``decode.max_source_tokens`` subwords is refused, not decoded."""
+        tokenizer = getattr(self.tokenizers, "src", self.tokenizers)
+        limit = self.config.decode.max_source_tokens
+        for i, ids in enumerate(tokenizer.encode(list(texts))):
+            if len(ids) > limit:
+                raise AttnkitError(f"source {i}: {len(ids)} tokens, more than decode.max_source_tokens = {limit}")
 
     def _target_tokenizer(self):
         return getattr(self.tokenizers, "tgt", self.tokenizers)

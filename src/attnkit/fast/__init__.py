@@ -32,7 +32,9 @@ def decoder(model, compile: bool = False, **options):
     :class:`FastDecoder`, or with ``compile`` a compiled one (``options``: :func:`compile_step`'s)."""
     if compile:
         return compile_step(model, **options)
-    use(model, "fused_attention", "decoding_attention")
+    # in eval, Dropout16 returns its input at once, where nn.Dropout goes through F.dropout's checks: a decoding step
+    # runs some twenty of them
+    use(model, "dropout16", "fused_attention", "decoding_attention")
     return FastDecoder(model)
 
 
