@@ -96,7 +96,8 @@ POST /v1/attention  (families with attention; one example)
     "masked": {"heads": [["cross", 0, 3]], "source": [1, 4]}}``
     Row t of decoder and cross is the attention while predicting target[t + 1] (the last row predicts EOS).
     A head is masked by zeroing its slice of the input of that attention's output projection; a source token
-    by making it padding.
+    by making it padding (a Transformer's ids become PAD, hidden from its encoder too; RNNsearch and the
+    Transformer captioner: hidden from the decoder's attention; Show-Attend-Tell and language models: 422).
 
 POST /v1/score
     ``{"sources": ["A dog runs."] (omit for a language model), "targets": ["Ein Hund rennt."] (required)}``
@@ -272,8 +273,12 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
                 worker.cancel(job)
                 worker.release(job)
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        def leave():
+            worker.cancel(job)
+            worker.release(job)
+
+        return _Stream(events(), leave, media_type="text/event-stream",
+                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     def job(kind: str, m: ServedModel, payload, key=None, tokens: int = 0, streaming: bool = False) -> Job:
         return Job(kind, m, payload, key=key, tokens=tokens, deadline=time.monotonic() + settings.timeout,
@@ -397,6 +402,21 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
             return HTMLResponse("<!doctype html><title>attnkit serve</title><p>attnkit serve: the API is "
                                 "documented at <a href='/docs'>/docs</a>.</p>")
     return app
+
+
+class _Stream(StreamingResponse):
+    """A stream that frees its request's slot however it ends: finished, failed, or its client gone before the
+    first event (a generator never started never runs its ``finally``)."""
+
+    def __init__(self, content, leave, **kwargs):
+        super().__init__(content, **kwargs)
+        self.leave = leave
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.leave()
 
 
 class _Explorer:
