@@ -49,10 +49,9 @@ serve: $(STAMP)
 	echo "make serve: serving $$run: open http://127.0.0.1:$(SERVE_PORT)/ (the explorer; the API at /docs; Ctrl-C stops)"; \
 	$(RUN) exec $(VENV)/bin/attnkit serve $$run --port $(SERVE_PORT)
 
-# two pytest workers (one torch thread each); the tests that pin torch internals or wall-clock time run alone after
+# two pytest workers (one torch thread each), the longest tests taken first as workers free up
 test: $(STAMP) wheel-check browser
-	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal -m "not internals"
-	$(RUN) $(PY) -m pytest -q -m internals
+	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal
 
 # the inner loop: everything but the slow (compiling, training, browser) and internals-pinning tests
 test-fast: $(STAMP)
