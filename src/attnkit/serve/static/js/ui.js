@@ -62,6 +62,39 @@ export function status(el, text, error = false) {
   el.classList.toggle("error", !!error);
 }
 
+// One request at a time for a view: starting one aborts the one before, the run button is off while it runs, an
+// error other than the abort shows in `msg`, and a finished run counts in root.dataset.done (the tests wait on it).
+export function job(root, msg, button) {
+  let current = null;
+  return {
+    async run(work) {
+      if (current) current.abort();
+      const ctrl = (current = new AbortController());
+      button.disabled = true;
+      try {
+        await work(ctrl.signal);
+        root.dataset.done = String(+(root.dataset.done || 0) + 1);
+      } catch (e) {
+        if (e.name !== "AbortError") status(msg, e.message, true);
+      } finally {
+        if (current === ctrl) { current = null; button.disabled = false; }
+      }
+    },
+    abort() { if (current) current.abort(); },
+  };
+}
+
+// The source and target inputs and the run button of a view that shows one example's attention.
+export function exampleControls(st, { sourceHint, targetHint, action, run }) {
+  const enter = (e) => { if (e.key === "Enter") run(); };
+  const srcInput = h("input", { type: "text", class: "wide", value: st.src, "data-role": "source",
+    placeholder: sourceHint, onkeydown: enter });
+  const tgtInput = h("input", { type: "text", class: "wide", value: st.tgt, "data-role": "target",
+    placeholder: targetHint, onkeydown: enter });
+  const go = h("button", { class: "primary", "data-role": "run", onclick: () => run() }, action);
+  return { srcInput, tgtInput, go };
+}
+
 export function tokenChips(tokens, { onHover, onClick, className = "" } = {}) {
   return tokens.map((t, i) => {
     const e = h("span", { class: `tok ${className}`, "data-i": i }, t);

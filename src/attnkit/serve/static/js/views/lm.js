@@ -6,7 +6,7 @@ import { attentionJSON, fetchAttention } from "../attention.js";
 import { pick } from "../mat.js";
 import { MatrixView } from "../matrix.js";
 import { num, writeHash } from "../state.js";
-import { h, header, headOptions, labeled, layerOptions, modelSelect, noModel, pretty, select, status } from "../ui.js";
+import { h, header, headOptions, job, labeled, layerOptions, modelSelect, noModel, pretty, select, status } from "../ui.js";
 
 const ID = "lm";
 const TOP = 10;
@@ -30,7 +30,7 @@ function mount(root, ctx, params) {
     p: num(params.p, 1), seed: params.seed ?? "0", layer: num(params.layer, -1), head: params.head ?? "avg",
     step: num(params.step, -1),
   };
-  let steps = [], tokens = [], att = null, answer = null, busy = null, promptLen = 0;
+  let steps = [], tokens = [], att = null, answer = null, promptLen = 0;
   const save = () => writeHash(ID, { model: st.model, prompt: st.prompt, max: st.max, temp: st.temp, k: st.k,
     p: st.p, seed: st.seed, layer: st.layer >= 0 ? st.layer : "", head: st.head, step: st.step >= 0 ? st.step : "" });
 
@@ -46,6 +46,7 @@ function mount(root, ctx, params) {
   const seedInput = h("input", { type: "number", min: 0, value: st.seed, "data-role": "seed", placeholder: "random" });
   const go = h("button", { class: "primary", "data-role": "run", onclick: () => run() }, "Generate");
   const msg = h("div", { class: "status", "data-role": "status" });
+  const work = job(root, msg, go);
   root.append(h("div", { class: "panel" },
     h("div", { class: "controls" }, labeled("model", modelSelect(models, st.model, (v) => { st.model = v; save(); }))),
     promptInput,
@@ -165,18 +166,16 @@ function mount(root, ctx, params) {
     st.k = Math.max(0, num(kInput.value, 0)); st.p = Math.min(1, Math.max(0.01, num(pInput.value, 1)));
     st.seed = seedInput.value.trim();
     st.step = -1; save();
-    if (busy) busy.abort();
-    const ctrl = (busy = new AbortController());
+    work.abort();
     steps = []; tokens = []; att = null; answer = null; promptLen = 0;
     renderText(); renderBars(); renderAttention(); matrix.set(null);
-    go.disabled = true;
     status(msg, "sampling…");
     const body = { model: st.model, prompt: st.prompt, max_tokens: st.max, temperature: st.temp, top_k: st.k,
       top_p: st.p, stream: true, attention: true, top: TOP };
     if (st.seed !== "") body.seed = +st.seed;
     const t0 = performance.now();
-    try {
-      await postStream("/v1/generate", body, onEvent, { signal: ctrl.signal });
+    await work.run(async (signal) => {
+      await postStream("/v1/generate", body, onEvent, { signal });
       if (!answer) answer = { text: st.prompt + tokens.join(""), completion: tokens.join(""), tokens, score: null };
       const t1 = performance.now();
       // the final answer's steps hold every step's distribution (greedy decoding streams none)
@@ -185,19 +184,14 @@ function mount(root, ctx, params) {
         tokens = answer.tokens.map(String);
         steps = tokens.map((t, i) => steps[i] ?? { token: t, top: answer.steps?.[i]?.top ?? null });
       }
-      att = await fetchAttention({ model: st.model, source: answer.text }, { signal: ctrl.signal });
+      att = await fetchAttention({ model: st.model, source: answer.text }, { signal });
       promptLen = Math.max(0, att.target.length - 1 - tokens.length);
       st.step = wanted >= 0 && wanted < steps.length ? wanted : steps.length - 1; save();
       selectors();
       renderText(); renderBars(); renderAttention();
       status(msg, `${tokens.length} tokens in ${((t1 - t0) / 1000).toFixed(2)} s`
         + (answer.score != null ? ` · log p = ${(+answer.score).toFixed(3)}` : ""));
-      root.dataset.done = String(+(root.dataset.done || 0) + 1);
-    } catch (e) {
-      if (e.name !== "AbortError") status(msg, e.message, true);
-    } finally {
-      if (busy === ctrl) { busy = null; go.disabled = false; }
-    }
+    });
   }
 
   view.exportPNG = () => {
@@ -232,7 +226,7 @@ function mount(root, ctx, params) {
     st.step = num(p.step, -1);
     run(true);
   };
-  view.unmount = () => { if (busy) busy.abort(); };
+  view.unmount = () => work.abort();
   view.run = run;
   if (params.prompt !== undefined || params.run) run(true);
   return view;

@@ -5,7 +5,7 @@ import { KINDS, attentionJSON, axes, fetchAttention } from "../attention.js";
 import { pick } from "../mat.js";
 import { MatrixView, paintCells } from "../matrix.js";
 import { writeHash } from "../state.js";
-import { h, header, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
+import { exampleControls, h, header, job, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
 
 const ID = "model";
 const THUMB = 84;  // CSS pixels of a thumbnail's longer side
@@ -22,15 +22,13 @@ function mount(root, ctx, params) {
     model: params.model && models.some((m) => m.name === params.model) ? params.model : models[0].name,
     src: params.src ?? "", tgt: params.tgt ?? "", open: params.open ?? "",
   };
-  let att = null, busy = null;
+  let att = null;
   const save = () => writeHash(ID, st);
 
-  const srcInput = h("input", { type: "text", class: "wide", value: st.src, "data-role": "source",
-    placeholder: "source sentence (a language model: its text)", onkeydown: (e) => { if (e.key === "Enter") run(); } });
-  const tgtInput = h("input", { type: "text", class: "wide", value: st.tgt, "data-role": "target",
-    placeholder: "target (empty: the model's own output)", onkeydown: (e) => { if (e.key === "Enter") run(); } });
-  const go = h("button", { class: "primary", "data-role": "run", onclick: () => run() }, "Show attention");
+  const { srcInput, tgtInput, go } = exampleControls(st, { sourceHint: "source sentence (a language model: its text)",
+    targetHint: "target (empty: the model's own output)", action: "Show attention", run: () => run() });
   const msg = h("div", { class: "status", "data-role": "status" });
+  const work = job(root, msg, go);
   root.append(h("div", { class: "panel" }, h("div", { class: "controls" },
     labeled("model", modelSelect(models, st.model, (v) => { st.model = v; save(); })),
     h("span", { class: "wide" }, srcInput), h("span", { class: "wide" }, tgtInput), go), msg));
@@ -95,14 +93,11 @@ function mount(root, ctx, params) {
   async function run() {
     st.src = srcInput.value.trim(); st.tgt = tgtInput.value.trim(); save();
     if (!st.src) { status(msg, "type a sentence first", true); return; }
-    if (busy) busy.abort();
-    const ctrl = (busy = new AbortController());
-    go.disabled = true;
     status(msg, "computing attention…");
-    try {
+    await work.run(async (signal) => {
       const body = { model: st.model, source: st.src, precision: 3 };  // 256 colours need no more
       if (st.tgt) body.target = st.tgt;
-      att = await fetchAttention(body, { signal: ctrl.signal });
+      att = await fetchAttention(body, { signal });
       const t0 = performance.now();
       renderGrids();
       if (st.open) open(st.open);
@@ -118,12 +113,7 @@ function mount(root, ctx, params) {
         + `${timing.wait_ms.toFixed(0)} ms, parsed in ${timing.parse_ms.toFixed(0)} ms, `
         + `converted in ${timing.convert_ms.toFixed(0)} ms)`);
       view.timing = timing;
-      root.dataset.done = String(+(root.dataset.done || 0) + 1);
-    } catch (e) {
-      if (e.name !== "AbortError") status(msg, e.message, true);
-    } finally {
-      if (busy === ctrl) { busy = null; go.disabled = false; }
-    }
+    });
   }
 
   view.exportPNG = () => {
@@ -163,7 +153,7 @@ function mount(root, ctx, params) {
     st.open = p.open ?? st.open;
     run();
   };
-  view.unmount = () => { if (busy) busy.abort(); };
+  view.unmount = () => work.abort();
   view.run = run;
   if (st.src) run();
   return view;

@@ -5,7 +5,7 @@ import { attentionJSON, axes, fetchAttention } from "../attention.js";
 import { pick } from "../mat.js";
 import { MatrixView } from "../matrix.js";
 import { writeHash } from "../state.js";
-import { h, header, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
+import { exampleControls, h, header, job, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
 
 const ID = "rnnsearch";
 
@@ -25,14 +25,12 @@ function mount(root, ctx, params) {
     model: params.model && models.some((m) => m.name === params.model) ? params.model : models[0].name,
     src: params.src ?? "", tgt: params.tgt ?? "",
   };
-  let att = null, busy = null;
+  let att = null;
   const save = () => writeHash(ID, st);
-  const srcInput = h("input", { type: "text", class: "wide", value: st.src, "data-role": "source",
-    placeholder: "a sentence", onkeydown: (e) => { if (e.key === "Enter") run(); } });
-  const tgtInput = h("input", { type: "text", class: "wide", value: st.tgt, "data-role": "target",
-    placeholder: "target (empty: the model's translation)", onkeydown: (e) => { if (e.key === "Enter") run(); } });
-  const go = h("button", { class: "primary", "data-role": "run", onclick: () => run() }, "Align");
+  const { srcInput, tgtInput, go } = exampleControls(st, { sourceHint: "a sentence",
+    targetHint: "target (empty: the model's translation)", action: "Align", run: () => run() });
   const msg = h("div", { class: "status", "data-role": "status" });
+  const work = job(root, msg, go);
   root.append(h("div", { class: "panel" }, h("div", { class: "controls" },
     labeled("model", modelSelect(models, st.model, (v) => { st.model = v; save(); })),
     h("span", { class: "wide" }, srcInput), h("span", { class: "wide" }, tgtInput), go), msg));
@@ -46,14 +44,11 @@ function mount(root, ctx, params) {
   async function run() {
     st.src = srcInput.value.trim(); st.tgt = tgtInput.value.trim(); save();
     if (!st.src) { status(msg, "type a sentence first", true); return; }
-    if (busy) busy.abort();
-    const ctrl = (busy = new AbortController());
-    go.disabled = true;
     status(msg, "aligning…");
-    try {
+    await work.run(async (signal) => {
       const body = { model: st.model, source: st.src };
       if (st.tgt) body.target = st.tgt;
-      att = await fetchAttention(body, { signal: ctrl.signal });
+      att = await fetchAttention(body, { signal });
       if (!att.cross.length) throw new Error(`${st.model} has no cross-attention`);
       const mat = pick(att.cross, att.cross.length - 1, "avg");
       const [rows, cols] = axes(att, "cross");
@@ -67,12 +62,7 @@ function mount(root, ctx, params) {
         return h("span", { class: "tok", title: `${row[best].toFixed(3)}` }, `${pretty(r)} → ${pretty(cols[best])}`);
       }));
       status(msg, `${rows.length} target × ${cols.length} source words`);
-      root.dataset.done = String(+(root.dataset.done || 0) + 1);
-    } catch (e) {
-      if (e.name !== "AbortError") status(msg, e.message, true);
-    } finally {
-      if (busy === ctrl) { busy = null; go.disabled = false; }
-    }
+    });
   }
 
   view.exportPNG = () => [{ canvas: matrix.canvas, title: `${st.src}  →  ${out.textContent}` }];
@@ -83,7 +73,7 @@ function mount(root, ctx, params) {
     if (p.tgt !== undefined) tgtInput.value = p.tgt;
     run();
   };
-  view.unmount = () => { if (busy) busy.abort(); };
+  view.unmount = () => work.abort();
   view.run = run;
   if (st.src) run();
   return view;
