@@ -10,7 +10,8 @@ Common rules
   server was started with). An unknown name is 404.
 * Errors are one line of JSON, ``{"error": "<field>: <what is wrong>"}``, never a traceback:
   400 malformed body (not JSON, not an object), 401 missing or wrong API key, 404 unknown model or path,
-  405 wrong method, 413 too large (body bytes, sentences per request, tokens per sentence, image bytes),
+  405 wrong method, 408 a body not received whole within ``body_timeout`` (10 s),
+  413 too large (body bytes, sentences per request, tokens per sentence, image bytes or pixels),
   422 a field of the wrong type or value, an unknown field, or a model that cannot do what was asked,
   429 the queue is full (header ``Retry-After: <seconds>``), 500 an internal error (logged by the server),
   504 the request's time limit (``--timeout``) passed.
@@ -23,7 +24,11 @@ Common rules
 * Size limits (:class:`attnkit.serve.Settings`; the first three are options of ``attnkit serve``): source tokens
   per sentence 256 (``--max-source-tokens``), batch tokens 4000 (``--max-batch-tokens``), admitted requests 256
   (``--queue-size``), sentences or texts per request 64, beam 16, generate's max_tokens 1024, JSON body 1 MiB,
-  image 10 MiB.
+  image 10 MiB and 25 million pixels (width x height).
+* A client that disconnects before its answer frees its place in the queue at once; its request is logged in
+  ``/metrics`` with status 499, and its decoding stops when no other request shares the batch.
+* Requests name models, never files: no request reads or writes a path; the only files served are the
+  explorer's own (``/``), and images are decoded from the request's bytes.
 
 Streaming (``"stream": true`` on translate and generate): the answer is ``text/event-stream``; each event is
 ``event: <name>\\ndata: <one line of JSON>\\n\\n``. Names: ``step`` (one per decided token), ``done`` (last; its
@@ -125,6 +130,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import io
 import json
 import logging
 import time
@@ -211,7 +217,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        if exc.status_code == 413:
+        if exc.status_code in (408, 413):
             message = str(exc.detail)
         elif exc.status_code == 404:
             message = f"path: no such endpoint {request.url.path}"
@@ -238,17 +244,21 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
                                 f"(it can: {can})")
         return m
 
-    async def run(job: Job) -> Response:
-        """Queue ``job``, wait for its answer within the time limit, free its slot."""
+    async def run(job: Job, request: Request) -> Response:
+        """Queue ``job``, wait for its answer within the time limit or until its client leaves, free its slot."""
         worker.admit(job)
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
             worker.submit(job)
-            try:
-                result = await asyncio.wait_for(asyncio.shield(job.future), job.deadline - time.monotonic())
-            except asyncio.TimeoutError:
-                raise ApiError(504, f"timeout: no answer within {settings.timeout:g} s (the server is busy)") from None
-            return _json(result)
+            done, _ = await asyncio.wait({job.future, gone}, timeout=max(job.deadline - time.monotonic(), 0.0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if job.future in done:
+                return _json(job.future.result())
+            if gone in done:
+                return error_response(499, "client: disconnected before the answer")  # nobody reads it
+            raise ApiError(504, f"timeout: no answer within {settings.timeout:g} s (the server is busy)")
         finally:
+            gone.cancel()
             worker.cancel(job)
             worker.release(job)
 
@@ -301,22 +311,22 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
                         media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/translate")
-    async def translate(body: TranslateRequest):
+    async def translate(body: TranslateRequest, request: Request):
         m = pick(body.model, "translate")
         options = compute.translate_options(m, body, settings)
         tokens = compute.source_tokens(m, body.sentences, settings)
         j = job("translate", m, body, key=("translate", m.name, *options), tokens=sum(tokens), streaming=body.stream)
-        return stream(j) if body.stream else await run(j)
+        return stream(j) if body.stream else await run(j, request)
 
     @app.post("/v1/generate")
-    async def generate(body: GenerateRequest):
+    async def generate(body: GenerateRequest, request: Request):
         m = pick(body.model, "generate")
         if body.max_tokens > settings.max_new_tokens:
             raise ApiError(413, f"max_tokens: {body.max_tokens} is more than this server's limit of "
                                 f"{settings.max_new_tokens}")
         compute.check_prompt(m, body.prompt, settings)
         j = job("generate", m, body, streaming=body.stream)
-        return stream(j) if body.stream else await run(j)
+        return stream(j) if body.stream else await run(j, request)
 
     @app.post("/v1/caption")
     async def caption(request: Request):
@@ -333,10 +343,11 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
         extra = sorted(set(form.keys()) - {"model", "image", "beam", "attention"})
         if extra:
             raise ApiError(422, f"{extra[0]}: unknown field (fields: image, model, beam, attention)")
-        return await run(job("caption", m, {"image": data, "beam": beam, "attention": attention}))
+        check_image(data, settings)
+        return await run(job("caption", m, {"image": data, "beam": beam, "attention": attention}), request)
 
     @app.post("/v1/attention")
-    async def attention(body: AttentionRequest):
+    async def attention(body: AttentionRequest, request: Request):
         m = pick(body.model, "attention")
         image = None
         if "caption" in m.model.capabilities:
@@ -349,6 +360,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
             if len(image) > settings.max_image_bytes:
                 raise ApiError(413, f"image: {len(image)} bytes, more than this server's limit of "
                                     f"{settings.max_image_bytes}")
+            check_image(image, settings)
         else:
             if body.image is not None:
                 raise ApiError(422, f"image: {m.name} is a {m.model.family} model: send source, not an image")
@@ -358,10 +370,10 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
                 compute.check_prompt(m, body.source if body.target is None else body.target, settings, "source")
             else:
                 compute.source_tokens(m, [body.source], settings, field="source")
-        return await run(job("attention", m, {"request": body, "image": image}))
+        return await run(job("attention", m, {"request": body, "image": image}), request)
 
     @app.post("/v1/score")
-    async def score(body: ScoreRequest):
+    async def score(body: ScoreRequest, request: Request):
         m = pick(body.model, "score")
         if m.model.family == "transformer_lm":
             if body.sources is not None:
@@ -379,12 +391,12 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
         if len(body.targets) > settings.max_sentences:
             raise ApiError(413, f"targets: {len(body.targets)} texts, more than this server's limit of "
                                 f"{settings.max_sentences}")
-        return await run(job("score", m, body))
+        return await run(job("score", m, body), request)
 
     @app.post("/v1/positional")
-    async def positional(body: PositionalRequest):
+    async def positional(body: PositionalRequest, request: Request):
         m = pick(body.model, "attention")
-        return await run(job("positional", m, body))
+        return await run(job("positional", m, body), request)
 
     # --- the OpenAPI page, offline when swagger-ui-bundle is installed
 
@@ -436,6 +448,29 @@ class _Explorer:
                        f"path: no such endpoint {path}")
             return await error_response(status, message)(scope, receive, send)
         return await self.files(scope, receive, send)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client of ``request`` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def check_image(data: bytes, settings: Settings, field: str = "image") -> None:
+    """413 for an image whose header declares more pixels than the server decodes (a few hundred bytes of PNG can
+    declare a gigapixel); 422 for bytes that are no image. Only the header is read here."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Image.DecompressionBombError:  # PIL's own bound, above ours: over 2 x Image.MAX_IMAGE_PIXELS
+        raise ApiError(413, f"{field}: more pixels than this server's limit of {settings.max_image_pixels}") from None
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ApiError(422, f"{field}: cannot read image ({e})") from None
+    if width * height > settings.max_image_pixels:
+        raise ApiError(413, f"{field}: {width} x {height} pixels, more than this server's limit of "
+                            f"{settings.max_image_pixels}")
 
 
 def _sse(name: str, data) -> str:

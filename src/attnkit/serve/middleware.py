@@ -1,8 +1,10 @@
 """The ASGI guard in front of every request: metrics (count and latency by endpoint and status), the API key,
-the body size limit (413), and a last one-line 500 for anything that escaped the app's handlers."""
+the body's size limit (413) and time limit (408: a client that trickles its body cannot hold a connection for
+ever), and a last one-line 500 for anything that escaped the app's handlers."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -21,6 +23,13 @@ class BodyTooLarge(HTTPException):
 
     def __init__(self, limit: int):
         super().__init__(413, f"body: more than this server's limit of {limit} bytes")
+
+
+class BodyTooSlow(HTTPException):
+    """Raised when a body has not arrived whole within the server's body timeout."""
+
+    def __init__(self, seconds: float):
+        super().__init__(408, f"body: not received within {seconds:g} s")
 
 
 def endpoint_of(path: str) -> str:
@@ -93,15 +102,26 @@ class GuardMiddleware:
                 return await answer(400, "content-length: not a number")
             if too_long:
                 return await answer(413, f"body: {int(length)} bytes, more than this server's limit of {limit}")
-        seen = 0
+        seen, body_done = 0, False
+        body_deadline = time.monotonic() + self.settings.body_timeout
 
         async def limited_receive():
-            nonlocal seen
-            message = await receive()
+            """The body, counted against the size limit and timed against the body timeout; once it is whole,
+            the next message (a disconnect) is awaited without limit."""
+            nonlocal seen, body_done
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(body_deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                raise BodyTooSlow(self.settings.body_timeout) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise BodyTooLarge(limit)
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
             return message
 
         try:

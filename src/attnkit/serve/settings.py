@@ -22,6 +22,8 @@ class Settings:
     max_new_tokens: int = 1024  # generate's max_tokens
     max_body_bytes: int = 1 << 20  # JSON bodies; more: 413
     max_image_bytes: int = 10 << 20  # /v1/caption uploads and /v1/attention's images
+    max_image_pixels: int = 25_000_000  # width x height of an image as its header declares it; more: 413
+    body_timeout: float = 10.0  # seconds to receive a request's body once its headers are in; then 408
 
 
 @dataclass
