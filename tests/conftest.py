@@ -78,6 +78,18 @@ def trained_checkpoint(tmp_path_factory, dates_pairs) -> Path:
 
 
 @pytest.fixture(scope="session")
+def served_models(tmp_path_factory, trained_checkpoint) -> dict:
+    """What the server tests serve: the dates Transformer, a character LM that never ends its text, a tiny
+    Show-Attend-Tell captioner (tests/serving.py)."""
+    import attnkit
+    from serving import tiny_captioner_checkpoint, tiny_lm_checkpoint
+
+    return {"dates": attnkit.load(trained_checkpoint),
+            "lm": attnkit.load(tiny_lm_checkpoint(tmp_path_factory.mktemp("lm"))),
+            "sat": attnkit.load(tiny_captioner_checkpoint(tmp_path_factory.mktemp("sat")))}
+
+
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     try:
         d = resolve_data_dir()

@@ -230,6 +230,12 @@ case("cli", "language_model_aligns", "alignment")(
     lambda w: ["align", "--checkpoint", w.lm, "--src", "to be", "-o", w.root / "a.png"])
 case("cli", "generate_prompt_over_max_tokens", "--prompt")(
     lambda w: ["generate", "--checkpoint", w.lm, "--prompt", "to be " * 200, "--max-new-tokens", "1"])
+case("cli", "serve_port_zero", "--port 0")(lambda w: ["serve", w.ckpt, "--port", "0"])
+case("cli", "serve_timeout_nan", "--timeout")(lambda w: ["serve", w.ckpt, "--timeout", "nan"])
+case("cli", "serve_body_timeout_negative", "--body-timeout")(lambda w: ["serve", w.ckpt, "--body-timeout", "-1"])
+case("cli", "serve_queue_size_zero", "--queue-size 0")(lambda w: ["serve", w.ckpt, "--queue-size", "0"])
+case("cli", "serve_public_without_key", "--host 0.0.0.0")(lambda w: ["serve", w.ckpt, "--host", "0.0.0.0"])
+case("cli", "serve_missing_model", "nowhere")(lambda w: ["serve", w.root / "nowhere"])
 
 # checkpoints
 case("checkpoint", "checkpoint_missing", "nowhere")(lambda w: w.translate()[:1] + [

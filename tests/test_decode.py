@@ -553,3 +553,16 @@ def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_mode
     assert calls.get("mkldnn::_linear_pointwise") == steps  # one packed product a step: the output projection
     assert calls.get("aten::_reorder_linear_weight", 0) == calls.get("mkldnn::_reorder_linear_weight", 0) == 0
     assert calls.get("aten::addmm", 0) >= steps * len(model.decoder)  # the layers' products, unpacked
+
+
+def test_a_tiny_temperature_samples_the_most_likely_token():
+    """p_i ∝ exp(z_i / T): as T -> 0 sampling becomes greedy, never a NaN distribution (z / T alone overflows)."""
+    from attnkit.decode import with_temperature
+
+    log_probs = torch.log_softmax(torch.tensor([[0.3, 2.0, -1.0, 1.9]]), -1)
+    for t in (1e-6, 1e-30, 1e-45, 5e-324):
+        probs = torch.softmax(with_temperature(log_probs, t), -1)
+        assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0]])), t
+        assert int(torch.multinomial(probs, 1)) == 1
+    torch.testing.assert_close(torch.softmax(with_temperature(log_probs, 0.7), -1),
+                               torch.softmax(log_probs / 0.7, -1))

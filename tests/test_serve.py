@@ -5,111 +5,28 @@ stream mid-way freeing its slot, and the command line."""
 
 from __future__ import annotations
 
-import dataclasses
-import io
-import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
-import attnkit  # noqa: E402
-from attnkit.checkpoint import write_checkpoint  # noqa: E402
-from attnkit.config import PRESETS, ExperimentConfig, LMConfig, ShowAttendTellConfig  # noqa: E402
 from attnkit.data import generate_dates  # noqa: E402
-from attnkit.models import build_model  # noqa: E402
-from attnkit.serve import Settings, create_app  # noqa: E402
-from attnkit.tokens import EOS  # noqa: E402
+from serving import LiveServer, free_port, one_line_error, png, sse  # noqa: E402
 
 SENTENCES = generate_dates(8, seed=21).src
 
 
-# --- models: the dates Transformer of conftest, a tiny character LM, a tiny Show-Attend-Tell
-
-
 @pytest.fixture(scope="module")
-def lm_checkpoint(tmp_path_factory) -> Path:
-    from attnkit.data import CharTokenizer
-
-    d = tmp_path_factory.mktemp("lm")
-    tok = CharTokenizer.build("the quick brown fox jumps over the lazy dog. THE END!\n", d / "chars.json")
-    cfg = ExperimentConfig(name="lm_tiny")
-    cfg.model = LMConfig(**(PRESETS["lm_tiny"] | dict(d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0,
-                                                        max_positions=64)))
-    cfg.data = dataclasses.replace(cfg.data, format="tinyshakespeare", block_size=32)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, 0, tok.vocab_size)
-    with torch.no_grad():  # never EOS: h . e_EOS = -8 * sum(LayerNorm(x) + 1) = -8 d, so a text goes on and on
-        model.norm.bias.fill_(1.0)
-        model.embed.tokens.weight[EOS] = -8.0
-    return write_checkpoint(d / "checkpoint", model, cfg, [d / "chars.json"], {"step": 0})
-
-
-@pytest.fixture(scope="module")
-def captioner_checkpoint(tmp_path_factory) -> Path:
-    from attnkit.data import WordVocab
-    from attnkit.nn.vision import grid_shape
-
-    d = tmp_path_factory.mktemp("sat")
-    vocab = WordVocab.build(["a dog runs on the grass", "a man rides a bike"], d / "vocab.txt", min_count=1)
-    cfg = ExperimentConfig(name="sat_tiny")
-    channels, h, w = grid_shape("head")
-    cfg.model = ShowAttendTellConfig(hidden_size=16, attention_size=16, d_feature=channels, dropout=0.0)
-    cfg.data = dataclasses.replace(cfg.data, format="flickr8k", image_grid="head")
-    cfg.decode = dataclasses.replace(cfg.decode, beam_size=2, max_caption_len=6)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, h * w, vocab.vocab_size)
-    return write_checkpoint(d / "checkpoint", model, cfg, [d / "vocab.txt"], {"step": 0})
-
-
-@pytest.fixture(scope="module")
-def models(trained_checkpoint, lm_checkpoint, captioner_checkpoint):
-    return {"dates": attnkit.load(trained_checkpoint), "lm": attnkit.load(lm_checkpoint),
-            "sat": attnkit.load(captioner_checkpoint)}
-
-
-# --- live servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    """create_app(models, settings) under uvicorn in a thread, on a free loopback port."""
-
-    def __init__(self, models, **settings):
-        self.settings = Settings(**({"max_wait_ms": 20.0} | settings))
-        self.app = create_app(models, self.settings)
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.02)
-        self.client = httpx.Client(base_url=self.url, timeout=30)
-
-    def close(self):
-        self.client.close()
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+def models(served_models):
+    return served_models
 
 
 @pytest.fixture(scope="module")
@@ -117,29 +34,6 @@ def live(models):
     server = LiveServer(models)
     yield server
     server.close()
-
-
-def one_line_error(r, status: int, field: str | None = None) -> str:
-    """The answer is ``status`` with one line of JSON {"error": "<field>: ..."} and no traceback."""
-    assert r.status_code == status, (r.status_code, r.text)
-    assert r.headers["content-type"].startswith("application/json")
-    assert "\n" not in r.text.strip() and "Traceback" not in r.text
-    body = r.json()
-    assert set(body) == {"error"} and isinstance(body["error"], str)
-    if field is not None:
-        assert body["error"].startswith(f"{field}: "), body
-    return body["error"]
-
-
-def sse(response) -> list[tuple[str, dict]]:
-    """The (event, data) pairs of a text/event-stream answer."""
-    events, name = [], None
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            events.append((name, json.loads(line[6:])))
-    return events
 
 
 # --- discovery, health, metrics, docs
@@ -280,17 +174,9 @@ def test_generate_plain_streamed_and_with_next_token_probabilities(live, models)
     one_line_error(c.post("/v1/generate", json={"model": "lm", "prompt": "x" * 70}), 413, "prompt")
 
 
-def _png(color=(200, 30, 30), size=(40, 30)) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", size, color).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def test_caption_an_uploaded_image_with_attention_per_word(live, models):
     c = live.client
-    r = c.post("/v1/caption", data={"model": "sat"}, files={"image": ("dog.png", _png(), "image/png")})
+    r = c.post("/v1/caption", data={"model": "sat"}, files={"image": ("dog.png", png(), "image/png")})
     assert r.status_code == 200, r.text
     a = r.json()
     assert a["grid"] == [7, 7] and a["words"][-1] == "<end>" and len(a["words"]) <= 7
@@ -302,8 +188,8 @@ def test_caption_an_uploaded_image_with_attention_per_word(live, models):
     one_line_error(c.post("/v1/caption", files={"model": (None, "sat")}), 422, "image")  # multipart, no image
     one_line_error(c.post("/v1/caption", data={"model": "sat"}), 400, "body")  # not multipart
     one_line_error(c.post("/v1/caption", data={"model": "sat", "beam": "two"},
-                          files={"image": ("dog.png", _png(), "image/png")}), 422, "beam")
-    one_line_error(c.post("/v1/caption", files={"image": ("dog.png", _png(), "image/png")}), 422, "model")
+                          files={"image": ("dog.png", png(), "image/png")}), 422, "beam")
+    one_line_error(c.post("/v1/caption", files={"image": ("dog.png", png(), "image/png")}), 422, "model")
 
 
 def test_attention_of_one_example_with_interventions(live, models):
@@ -344,7 +230,7 @@ def test_attention_of_one_example_with_interventions(live, models):
     assert lm["output"] == "the fox" and len(lm["decoder"]) == 2 and lm["cross"] == [] and lm["source"] == []
     import base64
 
-    sat = c.post("/v1/attention", json={"model": "sat", "image": base64.b64encode(_png()).decode()}).json()
+    sat = c.post("/v1/attention", json={"model": "sat", "image": base64.b64encode(png()).decode()}).json()
     assert sat["grid"] == [7, 7] and len(sat["cross"]) == 1 and len(sat["cross"][0][0][0]) == 49
     one_line_error(c.post("/v1/attention", json={"model": "sat", "source": "x"}), 422, "image")
 

@@ -535,11 +535,16 @@ def cmd_serve(args) -> int:
         if getattr(args, name) < 1 or (name == "port" and args.port > 65535):
             raise AttnkitError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a positive number"
                                + (" up to 65535" if name == "port" else ""))
-    if args.max_wait_ms < 0 or args.timeout <= 0:
-        raise AttnkitError("--max-wait-ms must be >= 0 and --timeout > 0")
+    if args.max_wait_ms < 0 or not args.max_wait_ms < float("inf"):
+        raise AttnkitError(f"--max-wait-ms {args.max_wait_ms}: expected a finite number >= 0")
+    for name in ("timeout", "body_timeout"):
+        if not 0 < getattr(args, name) < float("inf"):
+            raise AttnkitError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a positive number of "
+                               "seconds")
     settings = Settings(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("ATTNKIT_API_KEY")
                         or None, max_wait_ms=args.max_wait_ms, max_batch_tokens=args.max_batch_tokens,
-                        queue_size=args.queue_size, timeout=args.timeout, max_source_tokens=args.max_source_tokens)
+                        queue_size=args.queue_size, timeout=args.timeout, max_source_tokens=args.max_source_tokens,
+                        body_timeout=args.body_timeout)
     return serve(args.models, settings)
 
 
@@ -666,6 +671,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may take; then 504 (default 30)")
     p.add_argument("--max-source-tokens", type=int, default=256,
                    help="tokens per source sentence; longer ones are answered 413 (default 256)")
+    p.add_argument("--body-timeout", type=float, default=10.0,
+                   help="seconds a request's body may take to arrive; then 408 (default 10)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="train a small Transformer on dates -> ISO dates, show its attention")

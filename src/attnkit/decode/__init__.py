@@ -12,8 +12,10 @@ from attnkit.decode.search import (
     greedy,
     max_lengths,
     sample,
+    with_temperature,
 )
 from attnkit.decode.translate import Translation, translate
 
 __all__ = ["Alignment", "align", "Caption", "caption", "Completion", "complete", "Hypothesis", "beam_search",
-           "filter_logits", "generate", "greedy", "max_lengths", "sample", "Translation", "translate"]
+           "filter_logits", "generate", "greedy", "max_lengths", "sample", "Translation", "translate",
+           "with_temperature"]

@@ -82,6 +82,16 @@ def max_lengths(src_lengths: Tensor, a: float, b: int) -> Tensor:
     return (src_lengths.float() * a + b).long().clamp(min=1)
 
 
+def with_temperature(log_probs: Tensor, temperature: float) -> Tensor:
+    """Logits whose softmax is p_i ∝ exp(z_i / T): (z - max z) / T.
+
+    log_probs [N, V] -> [N, V]. Shifting the largest z to 0 leaves the distribution as it is and keeps the most likely
+    token finite however small T is (z / T alone overflows every entry to -inf below T ~ 1e-38, a NaN distribution);
+    a T below the dtype's smallest normal number is that number, not 0.
+    """
+    return (log_probs - log_probs.amax(-1, keepdim=True)) / max(temperature, torch.finfo(log_probs.dtype).tiny)
+
+
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Keep the ``top_k`` most likely tokens and the smallest set whose probability reaches ``top_p``; -inf elsewhere.
 
@@ -152,7 +162,7 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
             if prefix is not None and t < prefix.size(1):
                 tokens = prefix[rows, t]
             else:
-                logits = filter_logits(log_probs / temperature, top_k, top_p)
+                logits = filter_logits(with_temperature(log_probs, temperature), top_k, top_p)
                 probs = torch.softmax(logits, -1)
                 if generator is not None and generator.device != probs.device:  # a seed draws the same on any device
                     probs = probs.cpu()

@@ -223,6 +223,9 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
             message = f"path: no such endpoint {request.url.path}"
         elif exc.status_code == 405:
             message = f"method: {request.method} is not allowed on {request.url.path}"
+        elif exc.status_code == 400:  # FastAPI's own: a body it could not read (not UTF-8, a broken form)
+            detail = str(exc.detail)
+            message = f"body: {detail[:1].lower()}{detail[1:]} (expected UTF-8 JSON)"
         else:
             message = f"request: {exc.detail}"
         return error_response(exc.status_code, message, getattr(exc, "headers", None))
@@ -466,7 +469,9 @@ def check_image(data: bytes, settings: Settings, field: str = "image") -> None:
             width, height = image.size
     except Image.DecompressionBombError:  # PIL's own bound, above ours: over 2 x Image.MAX_IMAGE_PIXELS
         raise ApiError(413, f"{field}: more pixels than this server's limit of {settings.max_image_pixels}") from None
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except UnidentifiedImageError:
+        raise ApiError(422, f"{field}: not an image file (expected PNG, JPEG or another format Pillow reads)") from None
+    except (OSError, ValueError) as e:
         raise ApiError(422, f"{field}: cannot read image ({e})") from None
     if width * height > settings.max_image_pixels:
         raise ApiError(413, f"{field}: {width} x {height} pixels, more than this server's limit of "

@@ -244,11 +244,11 @@ def _step_events(model, jobs: list[Job], owners: list[tuple[Job, int]], beam: in
 
 def _filtered_probs(log_probs: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """The distribution tokens are drawn from: [N, V] -> [N, V] (greedy: all mass on the argmax)."""
-    from attnkit.decode import filter_logits
+    from attnkit.decode import filter_logits, with_temperature
 
     if temperature == 0:
         return torch.zeros_like(log_probs).scatter_(-1, log_probs.argmax(-1, keepdim=True), 1.0)
-    return torch.softmax(filter_logits(log_probs / temperature, top_k, top_p), -1)
+    return torch.softmax(filter_logits(with_temperature(log_probs, temperature), top_k, top_p), -1)
 
 
 def _top(tok, log_probs: torch.Tensor, body) -> list[list]:

@@ -4,7 +4,7 @@
 import { postForm } from "../api.js";
 import { CMAPS } from "../colormap.js";
 import { num, writeHash } from "../state.js";
-import { h, header, labeled, modelSelect, noModel, status } from "../ui.js";
+import { h, header, job, labeled, modelSelect, noModel, status } from "../ui.js";
 
 const ID = "caption";
 const SAMPLES = ["dog", "beach", "street"];
@@ -61,7 +61,7 @@ function mount(root, ctx, params) {
     image: params.image ?? "dog", beam: num(params.beam, 3), word: num(params.word, -1),
     style: params.style === "heat" ? "heat" : "dim",
   };
-  let img = null, blob = null, answer = null, busy = null, timer = null;
+  let img = null, blob = null, answer = null, timer = null;
   const save = () => writeHash(ID, { model: st.model, image: st.image, beam: st.beam,
     word: st.word >= 0 ? st.word : "", style: st.style });
 
@@ -73,6 +73,7 @@ function mount(root, ctx, params) {
   const go = h("button", { class: "primary", "data-role": "run", onclick: () => run() }, "Caption");
   const samples = h("div", { class: "samples" });
   const msg = h("div", { class: "status", "data-role": "status" });
+  const work = job(root, msg, go);
   root.append(h("div", { class: "panel" },
     h("div", { class: "controls" }, labeled("model", modelSelect(models, st.model, (v) => { st.model = v; save(); })),
       labeled("upload", file), labeled("beam", beamInput), labeled("show", styleSel), go),
@@ -149,26 +150,23 @@ function mount(root, ctx, params) {
   async function run() {
     if (!blob) { status(msg, "choose or upload an image first", true); return; }
     st.beam = Math.max(1, num(beamInput.value, 3)); save();
-    if (busy) busy.abort();
     clearTimeout(timer);
-    const ctrl = (busy = new AbortController());
-    go.disabled = true;
-    status(msg, "captioning…");
     const form = new FormData();
     form.append("model", st.model);
     form.append("image", blob, st.image === "upload" && blob.name ? blob.name : `${st.image}.png`);
     form.append("beam", String(st.beam));
     form.append("attention", "true");
-    try {
+    await work.run(async (signal) => {
+      status(msg, "captioning…");
       const t0 = performance.now();
-      answer = await postForm("/v1/caption", form, { signal: ctrl.signal });
+      answer = await postForm("/v1/caption", form, { signal });
       const ms = performance.now() - t0;
       // word by word: each word and its heat map appear in turn
       const ws = words();
       const want = st.word;
       captionBox.replaceChildren();
       for (let i = 0; i < ws.length; i++) {
-        if (ctrl.signal.aborted) return;
+        signal.throwIfAborted();
         captionBox.append(h("span", { class: "tok new", "data-i": i, onmouseenter: () => focus(i) }, ws[i]), " ");
         st.word = i; drawMain(); drawStrip(i + 1);
         await new Promise((r) => { timer = setTimeout(r, REVEAL_MS); });
@@ -176,12 +174,7 @@ function mount(root, ctx, params) {
       focus(want >= 0 && want < ws.length ? want : 0);
       scoreBox.textContent = answer.score != null ? `log p = ${(+answer.score).toFixed(3)} · ${(ms / 1000).toFixed(2)} s` : "";
       status(msg, `${ws.length} words, attention over a ${answer.grid?.join("×") ?? "?"} grid`);
-      root.dataset.done = String(+(root.dataset.done || 0) + 1);
-    } catch (e) {
-      if (e.name !== "AbortError") status(msg, e.message, true);
-    } finally {
-      if (busy === ctrl) { busy = null; go.disabled = false; }
-    }
+    });
   }
 
   view.exportPNG = () => {
@@ -206,7 +199,7 @@ function mount(root, ctx, params) {
     st.word = num(p.word, -1);
     if (p.image && SAMPLES.includes(p.image)) { st.image = p.image; pickSample(p.image).then(run); }
   };
-  view.unmount = () => { if (busy) busy.abort(); clearTimeout(timer); };
+  view.unmount = () => { work.abort(); clearTimeout(timer); };
   view.run = run;
   if (SAMPLES.includes(st.image)) pickSample(st.image).then(() => (params.image ? run() : null)).catch((e) => status(msg, e.message, true));
   return view;

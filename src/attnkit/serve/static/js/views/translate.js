@@ -7,7 +7,7 @@ import { HeadView } from "../headview.js";
 import { Mat, pick } from "../mat.js";
 import { MatrixView } from "../matrix.js";
 import { num, writeHash } from "../state.js";
-import { h, header, headOptions, labeled, layerOptions, modelSelect, noModel, pretty, select, status, tokenChips }
+import { h, header, headOptions, job, labeled, layerOptions, modelSelect, noModel, pretty, select, status, tokenChips }
   from "../ui.js";
 
 const ID = "translate";
@@ -26,7 +26,7 @@ function mount(root, ctx, params) {
     src: params.src ?? "", beam: num(params.beam, 4), lp: num(params.lp, 1), nbest: num(params.nbest, 4),
     layer: num(params.layer, -1), head: params.head ?? "avg", word: num(params.word, -1),
   };
-  let att = null, sourceTokens = null, streamRows = null, outTokens = [], beams = [], steps = [], result = null, busy = null;
+  let att = null, sourceTokens = null, streamRows = null, outTokens = [], beams = [], steps = [], result = null;
 
   const save = () => writeHash(ID, { model: st.model, src: st.src, beam: st.beam, lp: st.lp, nbest: st.nbest,
     layer: st.layer >= 0 ? st.layer : "", head: st.head, word: st.word >= 0 ? st.word : "" });
@@ -38,6 +38,7 @@ function mount(root, ctx, params) {
   const nbestInput = h("input", { type: "number", min: 1, max: 16, value: st.nbest, "data-role": "nbest" });
   const go = h("button", { class: "primary", "data-role": "run", onclick: () => run() }, "Translate");
   const msg = h("div", { class: "status", "data-role": "status" });
+  const work = job(root, msg, go);
   root.append(h("div", { class: "panel" },
     h("div", { class: "controls" },
       labeled("model", modelSelect(models, st.model, (v) => { st.model = v; save(); })),
@@ -186,28 +187,25 @@ function mount(root, ctx, params) {
     st.nbest = Math.min(st.beam, Math.max(1, num(nbestInput.value, 1)));
     save();
     if (!st.src) { status(msg, "type a sentence first", true); return; }
-    if (busy) busy.abort();
-    const ctrl = (busy = new AbortController());
-    att = null; sourceTokens = null; streamRows = null; outTokens = []; beams = []; steps = []; result = null;
-    view.fills = [];
-    // a model without attention (an RNN encoder-decoder) translates, and that is all there is to show
-    const attends = models.find((m) => m.name === st.model)?.capabilities.has("attention");
-    // the source's tokens label the matrix's columns while it streams: a one-step forward pass (no decoding)
-    if (attends) {
-      fetchAttention({ model: st.model, source: st.src, target: "", precision: 1 }, { signal: ctrl.signal })
-        .then((a) => { sourceTokens = a.source; if (streamRows) { streamRows.source = a.source; draw(); } })
-        .catch(() => {});
-    }
-    renderOutput(); draw(); showBeams(0);
-    go.disabled = true;
-    status(msg, "decoding…");
-    const t0 = performance.now();
-    try {
+    await work.run(async (signal) => {
+      att = null; sourceTokens = null; streamRows = null; outTokens = []; beams = []; steps = []; result = null;
+      view.fills = [];
+      // a model without attention (an RNN encoder-decoder) translates, and that is all there is to show
+      const attends = models.find((m) => m.name === st.model)?.capabilities.has("attention");
+      // the source's tokens label the matrix's columns while it streams: a one-step forward pass (no decoding)
+      if (attends) {
+        fetchAttention({ model: st.model, source: st.src, target: "", precision: 1 }, { signal })
+          .then((a) => { sourceTokens = a.source; if (streamRows) { streamRows.source = a.source; draw(); } })
+          .catch(() => {});
+      }
+      renderOutput(); draw(); showBeams(0);
+      status(msg, "decoding…");
+      const t0 = performance.now();
       await postStream("/v1/translate", { model: st.model, sentences: [st.src], beam: st.beam, len_penalty: st.lp,
-        n_best: st.nbest, attention: true, stream: true }, onEvent, { signal: ctrl.signal });
+        n_best: st.nbest, attention: true, stream: true }, onEvent, { signal });
       const t1 = performance.now();
       const target = result?.text ?? outTokens.join(" ");
-      if (attends) att = await fetchAttention({ model: st.model, source: st.src, target }, { signal: ctrl.signal });
+      if (attends) att = await fetchAttention({ model: st.model, source: st.src, target }, { signal });
       else outTokens = [...outTokens, "</s>"];
       selectors();
       renderOutput();
@@ -220,12 +218,7 @@ function mount(root, ctx, params) {
       status(msg, `${(att ? att.rowLabels : outTokens).length} tokens in ${((t1 - t0) / 1000).toFixed(2)} s`
         + (best != null ? ` · score ${(+best).toFixed(3)}` : ""));
       view.result = { source: st.src, translation: target, hypotheses: result?.hypotheses ?? [] };
-      root.dataset.done = String(+(root.dataset.done || 0) + 1);
-    } catch (e) {
-      if (e.name !== "AbortError") status(msg, e.message, true);
-    } finally {
-      if (busy === ctrl) { busy = null; go.disabled = false; }
-    }
+    });
   }
 
   view.exportPNG = () => [{ canvas: matrix.canvas, title: `${st.src}  →  ${view.result?.translation ?? ""}` }];
@@ -237,7 +230,7 @@ function mount(root, ctx, params) {
     st.word = num(p.word, -1);
     if (p.src !== undefined && p.src !== st.src) { srcInput.value = p.src; run(true); } else { selectors(); draw(); focus(null); }
   };
-  view.unmount = () => { if (busy) busy.abort(); };
+  view.unmount = () => work.abort();
   view.run = run;
   if (st.src) run(true);
   else { srcInput.focus(); }

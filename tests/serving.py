@@ -1,0 +1,115 @@
+"""What the server's tests share: tiny models to serve (a character language model that never ends its text, a
+Show-Attend-Tell captioner), a real uvicorn server on a free loopback port, and readers of its answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import torch
+import uvicorn
+
+from attnkit.checkpoint import write_checkpoint
+from attnkit.config import PRESETS, ExperimentConfig, LMConfig, ShowAttendTellConfig
+from attnkit.models import build_model
+from attnkit.serve import Settings, create_app
+from attnkit.tokens import EOS
+
+
+def tiny_lm_checkpoint(d: Path) -> Path:
+    """A character LM whose texts never end (no EOS): a request runs as long as its limits let it."""
+    from attnkit.data import CharTokenizer
+
+    tok = CharTokenizer.build("the quick brown fox jumps over the lazy dog. THE END!\n", d / "chars.json")
+    cfg = ExperimentConfig(name="lm_tiny")
+    cfg.model = LMConfig(**(PRESETS["lm_tiny"] | dict(d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0,
+                                                        max_positions=64)))
+    cfg.data = dataclasses.replace(cfg.data, format="tinyshakespeare", block_size=32)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, 0, tok.vocab_size)
+    with torch.no_grad():  # never EOS: h . e_EOS = -8 * sum(LayerNorm(x) + 1) = -8 d, so a text goes on and on
+        model.norm.bias.fill_(1.0)
+        model.embed.tokens.weight[EOS] = -8.0
+    return write_checkpoint(d / "checkpoint", model, cfg, [d / "chars.json"], {"step": 0})
+
+
+def tiny_captioner_checkpoint(d: Path) -> Path:
+    from attnkit.data import WordVocab
+    from attnkit.nn.vision import grid_shape
+
+    vocab = WordVocab.build(["a dog runs on the grass", "a man rides a bike"], d / "vocab.txt", min_count=1)
+    cfg = ExperimentConfig(name="sat_tiny")
+    channels, h, w = grid_shape("head")
+    cfg.model = ShowAttendTellConfig(hidden_size=16, attention_size=16, d_feature=channels, dropout=0.0)
+    cfg.data = dataclasses.replace(cfg.data, format="flickr8k", image_grid="head")
+    cfg.decode = dataclasses.replace(cfg.decode, beam_size=2, max_caption_len=6)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, h * w, vocab.vocab_size)
+    return write_checkpoint(d / "checkpoint", model, cfg, [d / "vocab.txt"], {"step": 0})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """create_app(models, settings) under uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, models, **settings):
+        self.settings = Settings(**({"max_wait_ms": 20.0} | settings))
+        self.app = create_app(models, self.settings)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def close(self):
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def one_line_error(r, status: int, field: str | None = None) -> str:
+    """The answer is ``status`` with one line of JSON {"error": "<field>: ..."} and no traceback."""
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json")
+    assert "\n" not in r.text.strip() and "Traceback" not in r.text
+    body = r.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str)
+    if field is not None:
+        assert body["error"].startswith(f"{field}: "), body
+    return body["error"]
+
+
+def sse(response) -> list[tuple[str, dict]]:
+    """The (event, data) pairs of a text/event-stream answer."""
+    events, name = [], None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line[6:])))
+    return events
+
+
+def png(color=(200, 30, 30), size=(40, 30)) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
