@@ -28,7 +28,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
 
-.PHONY: serve demo test multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean wheel-check threads-demo browser
+.PHONY: serve demo test multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean wheel-check threads-demo browser screenshots
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -52,6 +52,10 @@ serve: $(STAMP)
 # two pytest workers (one torch thread each), the longest tests taken first as workers free up
 test: $(STAMP) wheel-check browser
 	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal
+
+# the README's pictures of the explorer (docs/figures/explorer_*.png), taken by its browser tests
+screenshots: $(STAMP) browser
+	ATTNKIT_SCREENSHOTS=docs/figures $(RUN) $(PY) -m pytest -q tests/test_explorer.py
 
 # the inner loop: everything but the slow (compiling, training, browser) and internals-pinning tests
 test-fast: $(STAMP)

@@ -4,7 +4,8 @@
 
 Each view is loaded, used (translate and watch the matrix fill, switch layer and head, mask heads and re-run,
 generate at two temperatures, caption an image, ...), exported, reproduced from its URL, and photographed into
-``docs/figures/explorer_<view>.png`` (the README shows them). The long-input test renders the model view of a
+``$ATTNKIT_SCREENSHOTS/explorer_<view>.png`` (``make screenshots`` sets it to docs/figures, whose pictures the
+README shows; otherwise a temporary folder: a test run leaves the checkout as it was). The long-input test renders the model view of a
 200-token source with every head of a 6-layer, 8-head model and prints how long that took.
 """
 
@@ -19,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -40,7 +42,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ROOT / "docs" / "figures"
+FIGURES = Path(os.environ.get("ATTNKIT_SCREENSHOTS") or Path(tempfile.gettempdir()) / "attnkit-explorer-shots")
 SAMPLES = ROOT / "src" / "attnkit" / "serve" / "static" / "samples"
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
 CHROMEDRIVER = next((p for p in ("/usr/bin/chromedriver", shutil.which("chromedriver") or "")
@@ -287,7 +289,7 @@ class Page:
         return [e["message"] for e in self.d.get_log("browser") if e["level"] == "SEVERE"]
 
     def screenshot(self, name: str, height: int | None = None):
-        """The view from the top, the whole page or ``height`` pixels of it, into docs/figures/explorer_<name>.png."""
+        """The view from the top, the whole page or ``height`` pixels of it, into FIGURES/explorer_<name>.png."""
         FIGURES.mkdir(parents=True, exist_ok=True)
         self.js("window.scrollTo(0, 0); document.activeElement && document.activeElement.blur()")
         width, full = self.js("return [document.documentElement.clientWidth, document.documentElement.scrollHeight]")
