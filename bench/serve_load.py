@@ -58,6 +58,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(cmd: list[str], env: dict, name: str) -> subprocess.Popen:
+    """``cmd`` (an ``attnkit serve`` on 127.0.0.1 and ``--port``) started, once its port accepts connections."""
+    port = int(cmd[cmd.index("--port") + 1])
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise SystemExit(f"{name}: the server did not start:\n{server.communicate()[1]}") from None
+            time.sleep(0.2)
+
+
 def rss_mib(pid: int) -> float:
     from attnkit.serve.metrics import resident_memory_bytes
 
@@ -254,17 +270,8 @@ def main() -> int:
     cmd = [sys.executable, "-m", "attnkit", "serve", str(checkpoint), "--port", str(port), "--threads",
            str(args.threads), "--max-wait-ms", str(args.max_wait_ms), "--max-batch-tokens", str(args.batch_tokens),
            "--queue-size", "256", "--timeout", "60"]
-    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = start_server(cmd, env, "serve_load")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"serve_load: the server did not start:\n{server.stderr.read()}") from None
-                time.sleep(0.2)
         rss_started = rss_mib(server.pid)
 
         async def warm():  # one request alone, then a batch of every size the load will see

@@ -37,7 +37,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -47,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_load import free_port, percentiles, rss_mib  # noqa: E402
+from serve_load import free_port, percentiles, rss_mib, start_server  # noqa: E402
 
 # kind: (weight, expected statuses); QUEUED kinds may also be answered 429 (queue full)
 MIX = {
@@ -310,18 +309,9 @@ def main() -> int:
     cmd = [sys.executable, "-m", "attnkit", "serve", f"translator={translator}", f"dates={args.dates}",
            f"lm={lm}", "--port", str(port), "--threads", "1", "--queue-size", str(args.queue_size),
            "--timeout", "60", "--max-wait-ms", "20"]
-    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = start_server(cmd, env, "serve_soak")
     memory: list = []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"serve_soak: the server did not start:\n{server.stderr.read()}") from None
-                time.sleep(0.2)
         rss_started, files_started = rss_mib(server.pid), open_files(server.pid)
 
         async def soak():

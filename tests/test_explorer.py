@@ -5,8 +5,8 @@
 Each view is loaded, used (translate and watch the matrix fill, switch layer and head, mask heads and re-run,
 generate at two temperatures, caption an image, ...), exported, reproduced from its URL, and photographed into
 ``$ATTNKIT_SCREENSHOTS/explorer_<view>.png`` (``make screenshots`` sets it to docs/figures, whose pictures the
-README shows; otherwise a temporary folder: a test run leaves the checkout as it was). The long-input test renders the model view of a
-200-token source with every head of a 6-layer, 8-head model and prints how long that took.
+README shows; otherwise a temporary folder: a test run leaves the checkout as it was). The long-input test renders
+the model view of a 200-token source with every head of a 6-layer, 8-head model and prints how long that took.
 """
 
 from __future__ import annotations
