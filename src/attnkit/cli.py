@@ -535,7 +535,7 @@ def cmd_serve(args) -> int:
         if getattr(args, name) < 1 or (name == "port" and args.port > 65535):
             raise AttnkitError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a positive number"
                                + (" up to 65535" if name == "port" else ""))
-    if args.max_wait_ms < 0 or not args.max_wait_ms < float("inf"):
+    if not 0 <= args.max_wait_ms < float("inf"):
         raise AttnkitError(f"--max-wait-ms {args.max_wait_ms}: expected a finite number >= 0")
     for name in ("timeout", "body_timeout"):
         if not 0 < getattr(args, name) < float("inf"):

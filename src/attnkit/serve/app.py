@@ -10,7 +10,7 @@ Common rules
   server was started with). An unknown name is 404.
 * Errors are one line of JSON, ``{"error": "<field>: <what is wrong>"}``, never a traceback:
   400 malformed body (not JSON, not an object), 401 missing or wrong API key, 404 unknown model or path,
-  405 wrong method, 408 a body not received whole within ``body_timeout`` (10 s),
+  405 wrong method, 408 a body not received whole within ``--body-timeout`` (10 s),
   413 too large (body bytes, sentences per request, tokens per sentence, image bytes or pixels),
   422 a field of the wrong type or value, an unknown field, or a model that cannot do what was asked,
   429 the queue is full (header ``Retry-After: <seconds>``), 500 an internal error (logged by the server),
@@ -223,7 +223,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
             message = f"path: no such endpoint {request.url.path}"
         elif exc.status_code == 405:
             message = f"method: {request.method} is not allowed on {request.url.path}"
-        elif exc.status_code == 400:  # FastAPI's own: a body it could not read (not UTF-8, a broken form)
+        elif exc.status_code == 400:  # FastAPI's own: a body it could not decode (not UTF-8)
             detail = str(exc.detail)
             message = f"body: {detail[:1].lower()}{detail[1:]} (expected UTF-8 JSON)"
         else:
