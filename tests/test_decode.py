@@ -331,13 +331,14 @@ def _reference_beam_search(model, state, max_lens, k, len_penalty, need_weights=
 
 
 @pytest.mark.parametrize("use_bias,k,len_penalty,a,b", [(False, 4, 1.0, 1.0, 4), (True, 3, 0.6, 1.5, 2),
-                                                        (True, 5, 1.2, 0.5, 1), (True, 1, 1.0, 1.0, 4)])
+                                                        (True, 5, 1.2, 0.5, 1), (True, 1, 1.0, 1.0, 4),
+                                                        (True, 13, 1.0, 1.0, 4)])
 @pytest.mark.parametrize("chunk", [None, 128, 2])
 def test_beam_search_equals_reference(model, biased, src, use_bias, k, len_penalty, a, b, chunk, monkeypatch):
     """The batched tensor ranking finds the same hypotheses, scores and attention as the plain Python oracle,
     sentences stopping early or at the length limit (a short limit forces EOS): the core search's top-k, and the
     fast decoder's chunked one (``attnkit.fast.ranking``), with chunks of 2 through chunk maxima of the 23-token
-    vocabulary, with 128 directly."""
+    vocabulary, with 128 directly; a beam of 13 asks for more than the 23 first-step candidates."""
     m = biased if use_bias else model
     decoder = _ranked(m, chunk, monkeypatch)
     lens = _max_lens(src, a, b)
@@ -402,6 +403,16 @@ def test_filter_logits_top_p(top_p, expected):
     order = probs[0].argsort(descending=True).tolist()
     assert kept == sorted(order[: len(kept)])
     assert float(probs[0, order[: len(kept) - 1]].sum()) < top_p
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-30])
+def test_a_tiny_top_p_keeps_the_most_likely_token(top_p):
+    """A top_p below float32's resolution (0 once cast) still keeps the most likely token: sampling stays defined."""
+    logits = torch.tensor([[0.3, 2.0, -1.0], [1.0, 1.0, 0.5]])
+    out = filter_logits(logits, top_p=top_p)
+    assert torch.isfinite(out).sum(-1).tolist() == [1, 1]
+    assert torch.isfinite(out[0, 1]) and bool(torch.isfinite(out[1, :2]).any())
+    torch.multinomial(torch.softmax(out, -1), 1)  # a distribution to sample from
 
 
 def test_filter_logits_rows_independent():

@@ -257,13 +257,31 @@ class Page:
                                  f"console {logs}") from None
 
     def open(self, view_hash: str, runs: int | None = None):
+        """Load the page on a view and wait for it, and for the run it starts on its (first) example."""
         self.d.get("about:blank")
         self.d.get(f"{self.url}/#{view_hash}")
-        view = view_hash.split("?")[0]
-        self.wait(lambda: self.js("return !!(window.attnkit && window.attnkit.ready && window.attnkit.viewId)") and
-                  self.js("return window.attnkit.viewId") == view, what=f"the {view} view")
+        self.wait_view(view_hash.split("?")[0])
         if runs:
             self.wait_done(runs)
+
+    def wait_view(self, view: str):
+        """Wait for ``view`` to be shown and the run it started on opening to be over."""
+        self.wait(lambda: self.js("return !!(window.attnkit && window.attnkit.ready && window.attnkit.viewId)") and
+                  self.js("return window.attnkit.viewId") == view, what=f"the {view} view")
+        self.wait(lambda: self.js("return window.attnkit.settled === true"), what=f"the {view} view's first run")
+
+    def tab(self, view: str):
+        """Click ``view``'s tab (the page stays: the example it shows carries over) and wait for it."""
+        self.find(f"#tabs a[data-view={view}]").click()
+        self.wait_view(view)
+
+    def canvas_colors(self, css: str) -> int:
+        """How many colours a canvas shows: 0 for an empty one, 1 for a blank square."""
+        return self.js("const c = document.querySelector(arguments[0]); if (!c || !c.width || !c.height) return 0; "
+                       "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; "
+                       "const seen = new Set(); "
+                       "for (let i = 0; i < d.length; i += 4) seen.add(`${d[i]},${d[i + 1]},${d[i + 2]}`); "
+                       "return seen.size", css)
 
     def done(self) -> int:
         return int(self.js("return +(document.getElementById('view').dataset.done || 0)"))
@@ -321,13 +339,14 @@ def _export(page: Page, downloads: Path, kind: str) -> Path:
 
 
 def test_translate_streams_and_fills_the_cross_attention(page, downloads):
-    page.open("translate")
+    page.open("translate")  # translates its first example
     page.type("[data-role=source]", SENTENCE)
     page.type("[data-role=beam]", "3")
+    n = page.done()
     page.find("[data-role=run]").click()
     # the translation streams: the output grows token by token before the run is done
-    page.wait(lambda: len(page.finds("[data-role=output] .tok")) > 0 or page.done() >= 1, what="the first token")
-    page.wait_done(1)
+    page.wait(lambda: len(page.finds("[data-role=output] .tok")) > 0 or page.done() > n, what="the first token")
+    page.wait_done(n + 1)
     canvas = "[data-role=cross] canvas.matrix"
     rows, cols = int(page.data(canvas, "rows")), int(page.data(canvas, "cols"))
     assert rows >= 1 and cols == len(page.js("return window.attnkit.view.exportJSON().attention.source"))
@@ -399,7 +418,9 @@ def test_model_view_shows_every_layer_and_head(page, downloads):
 def test_masking_heads_changes_the_output_or_its_score(page, downloads):
     page.open("interventions")
     page.type("[data-role=source]", SENTENCE)
+    n = page.done()
     page.find("[data-role=load]").click()
+    page.wait_done(n + 1)
     page.wait(lambda: page.finds("[data-head]"), what="the head toggles")
     before = page.find("[data-role=before] [data-role=score]").text
     for layer in (0, 1):
@@ -424,15 +445,16 @@ def test_language_model_at_two_temperatures(page, downloads):
     page.type("[data-role=max]", "8")
     page.type("[data-role=seed]", "0")
     page.type("[data-role=temperature]", "1")
+    n = page.done()  # the first example's text, generated on opening
     page.find("[data-role=run]").click()
-    page.wait_done(1)
+    page.wait_done(n + 1)
     bars_hot = page.data("[data-role=bars]", "first")
     assert bars_hot and len(page.finds("[data-role=bars] .bar")) >= 2
     assert page.finds("[data-role=attention-row] .tok")  # the chosen token's causal self-attention
     first_text = page.find("[data-role=output]").text
     page.type("[data-role=temperature]", "0.3")
     page.find("[data-role=run]").click()
-    page.wait_done(2)
+    page.wait_done(n + 2)
     bars_cold = page.data("[data-role=bars]", "first")
     assert bars_cold != bars_hot  # a colder distribution to sample from
     assert "temp=0.3" in page.js("return location.hash")
@@ -454,9 +476,10 @@ def test_language_model_at_two_temperatures(page, downloads):
 
 
 def test_caption_an_uploaded_image_word_by_word(page, downloads):
-    page.open("caption")
+    page.open("caption")  # captions its first example, a sample image
+    n = page.done()
     page.find("[data-role=upload]").send_keys(str(SAMPLES / "dog.png"))
-    page.wait_done(1)
+    page.wait_done(n + 1)
     words = [f.text for f in page.finds("[data-role=words] figure")]
     assert words and words == page.js("return window.attnkit.view.exportJSON().answer.words")
     vocabulary = {w for caption in CAPTIONS.values() for w in caption.split()}
@@ -493,6 +516,87 @@ def test_rnnsearch_alignment(page, downloads):
     page.screenshot("rnnsearch")
 
 
+def test_the_example_carries_from_view_to_view(page):
+    """A sentence translated in the Translate view is the one the Model, Interventions and RNNsearch views open on,
+    each with its attention drawn, not an empty form and a blank square."""
+    page.open("translate")
+    page.type("[data-role=source]", SENTENCE)
+    n = page.done()
+    page.find("[data-role=run]").click()
+    page.wait_done(n + 1)
+    page.tab("model")
+    assert page.find("[data-role=source]").get_attribute("value") == SENTENCE
+    assert page.js("return window.attnkit.view.exportJSON().attention.source.length") > 1
+    assert len(page.finds("[data-kind=cross] .thumb")) == 2 * (4 + 1)
+    assert page.canvas_colors(".thumb[data-key='cross:1:avg'] canvas") >= 2
+    page.tab("interventions")
+    assert page.find("[data-role=source]").get_attribute("value") == SENTENCE
+    assert page.find("[data-role=before] [data-role=output]").text and page.finds("[data-head]")
+    assert page.canvas_colors("[data-role=before] canvas.matrix") >= 3
+    assert page.js("return window.attnkit.view.exportJSON().unmasked.attention.source.length") > 1
+    page.tab("rnnsearch")
+    assert page.find("[data-role=source]").get_attribute("value") == SENTENCE
+    assert page.find("[data-role=output]").text and page.canvas_colors("[data-role=alignment] canvas.matrix") >= 3
+    # back in the Translate view: the same sentence, translated again
+    page.tab("translate")
+    assert page.find("[data-role=source]").get_attribute("value") == SENTENCE
+    assert page.js("return window.attnkit.view.result.source") == SENTENCE
+
+
+def test_a_fresh_page_opens_on_a_first_example(page):
+    """Nothing typed: the Model view shows a first example's maps, the language model a text, the captioner a
+    caption of a sample image."""
+    page.open("model")
+    first = page.find("[data-role=source]").get_attribute("value")
+    assert first and first != SENTENCE
+    assert len(page.finds("[data-kind=cross] .thumb")) == 2 * (4 + 1)
+    assert page.canvas_colors(".thumb[data-key='encoder:0:avg'] canvas") >= 2
+    assert "maps" in page.find("[data-role=status]").text
+    page.tab("lm")
+    prompt = page.find("[data-role=prompt]").get_attribute("value")
+    assert prompt and page.finds("[data-role=output] .tok.toggle")  # generated tokens after the prompt
+    assert page.canvas_colors("[data-role=self-attention] canvas.matrix") >= 3
+    page.tab("caption")
+    assert len(page.finds("[data-role=words] figure")) >= 3
+    assert page.find("canvas[data-sample=dog]").get_attribute("class") == "on"
+    page.tab("translate")
+    assert page.find("[data-role=source]").get_attribute("value") == first
+    assert page.js("return window.attnkit.view.result.translation")
+
+
+@pytest.fixture(scope="module")
+def translation_only(checkpoints):
+    """A server of one translation model (a Transformer): no captioner, no language model, no RNNsearch."""
+    import attnkit
+    from serving import LiveServer
+
+    live = LiveServer({"dates": attnkit.load(checkpoints["dates"])})
+    yield live.url
+    live.close()
+
+
+def test_a_tab_without_its_model_says_which_it_needs(browser, translation_only):
+    page = Page(browser, translation_only)
+    page.errors()  # the log so far is the other tests'
+    needs = {"caption": ("captioning model", "capability: caption"),
+             "lm": ("language model", "family: transformer_lm"),
+             "rnnsearch": ("RNNsearch model", "family: rnnsearch")}
+    for view, (what, which) in needs.items():
+        page.open(view)
+        tab = page.find(f"#tabs a[data-view={view}]")
+        assert tab.is_displayed() and "unserved" in tab.get_attribute("class") and what in tab.get_attribute("title")
+        note = page.find("[data-role=nomodel]").text
+        assert f"No {what} is served" in note and which in note and "attnkit serve" in note, note
+        assert not page.finds("[data-role=run]") and not page.finds("canvas.matrix")
+    # what the translation model can do opens on its first example
+    for view in ("translate", "model", "interventions"):
+        assert "unserved" not in page.find(f"#tabs a[data-view={view}]").get_attribute("class")
+    page.open("model")
+    assert not page.finds("[data-role=nomodel]") and page.find("[data-role=source]").get_attribute("value")
+    assert page.canvas_colors(".thumb[data-key='cross:0:avg'] canvas") >= 2
+    assert not [e for e in page.errors() if "favicon" not in e], "errors in the browser's console"
+
+
 def test_positional_encoding_computed_in_the_page(page, downloads):
     page.open("positional?d=64&n=60&pos=10", runs=1)
     assert "60 positions × 64 dimensions" in page.find("[data-role=status]").text
@@ -519,9 +623,10 @@ def test_long_input_every_head_of_every_layer(page):
     Select(page.find("[data-role=model]")).select_by_value("wide")
     page.type("[data-role=source]", text)
     page.type("[data-role=target]", text)
+    runs = page.done()
     start = time.monotonic()
     page.find("[data-role=run]").click()
-    page.wait_done(1, timeout=60)
+    page.wait_done(runs + 1, timeout=60)
     wall = time.monotonic() - start
     timing = page.js("return window.attnkit.timings.model")
     assert timing["source_tokens"] == n == 200

@@ -189,7 +189,11 @@ def test_caption_an_uploaded_image_with_attention_per_word(live, models):
     one_line_error(c.post("/v1/caption", data={"model": "sat"}), 400, "body")  # not multipart
     one_line_error(c.post("/v1/caption", data={"model": "sat", "beam": "two"},
                           files={"image": ("dog.png", png(), "image/png")}), 422, "beam")
-    one_line_error(c.post("/v1/caption", files={"image": ("dog.png", png(), "image/png")}), 422, "model")
+    one_line_error(c.post("/v1/caption", data={"model": "dates"}, files={"image": ("dog.png", png(), "image/png")}),
+                   422, "model")
+    # naming no model: the server's first captioner, although its first model translates
+    r = c.post("/v1/caption", files={"image": ("dog.png", png(), "image/png")})
+    assert r.status_code == 200 and r.json()["model"] == "sat" and r.json()["caption"] == a["caption"]
 
 
 def test_attention_of_one_example_with_interventions(live, models):
@@ -233,6 +237,8 @@ def test_attention_of_one_example_with_interventions(live, models):
     sat = c.post("/v1/attention", json={"model": "sat", "image": base64.b64encode(png()).decode()}).json()
     assert sat["grid"] == [7, 7] and len(sat["cross"]) == 1 and len(sat["cross"][0][0][0]) == 49
     one_line_error(c.post("/v1/attention", json={"model": "sat", "source": "x"}), 422, "image")
+    one_line_error(c.post("/v1/attention", json={"model": "sat", "source": "x", "image": base64.b64encode(png())
+                                                 .decode()}), 422, "source")  # an image model reads no source
 
 
 def test_score_and_positional(live, models):
@@ -265,7 +271,7 @@ def test_bad_requests_get_one_line_naming_the_field(live):
     one_line_error(post("/v1/translate", json={}), 422, "sentences")
     one_line_error(post("/v1/translate", json={"sentences": ["x"], "n_best": 9}), 422, "n_best")
     one_line_error(post("/v1/translate", json={"sentences": ["x"], "model": "nope"}), 404, "model")
-    one_line_error(post("/v1/generate", json={"prompt": "x"}), 422, "model")  # the default model cannot
+    one_line_error(post("/v1/generate", json={"model": "dates", "prompt": "x"}), 422, "model")  # dates cannot
     one_line_error(c.get("/v1/nothing"), 404, "path")
     one_line_error(c.get("/v1/translate"), 405, "method")
     one_line_error(post("/v1/translate", json={"sentences": ["1 May 2001 " * 40]}), 413, "sentences[0]")

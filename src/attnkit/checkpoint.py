@@ -234,12 +234,24 @@ def verify_model_config(path: Path, cfg: ExperimentConfig, meta: dict, what: str
                                f"{Path(path) / 'model.safetensors'}, written with model.{key} = {recorded.get(key)!r}")
 
 
-def checkpoint_is_intact(path: Path, resuming: bool = True) -> bool:
+def checkpoint_damage(path: Path, resuming: bool = True) -> str | None:
+    """What is wrong with checkpoint directory ``path``, in one line naming the file relative to it
+    ("model.safetensors: damaged: ..."); None if it is intact."""
+    path = Path(path)
     try:
         verify_files(path, resuming=resuming)
-        return (Path(path) / "model.safetensors").is_file()
-    except AttnkitError:
-        return False
+    except AttnkitError as e:
+        text = str(e)
+        return text.removeprefix(f"{path}/")
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if not (path / "model.safetensors").is_file():
+        return "model.safetensors: missing"
+    return None
+
+
+def checkpoint_is_intact(path: Path, resuming: bool = True) -> bool:
+    return checkpoint_damage(path, resuming) is None
 
 
 def load_weights(model, file: Path) -> None:

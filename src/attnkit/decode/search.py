@@ -105,6 +105,7 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
         probs = torch.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
         drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False  # the most likely token, even for a top_p below the dtype's resolution
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -237,7 +238,11 @@ def beam_step(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limi
     if at_limit:  # at the length limit only EOS may follow
         last = (limits <= t + 1)[:, None, None] & (torch.arange(v, device=dev) != EOS)
         log_probs = log_probs.masked_fill(last, float("-inf"))
-    top_scores, top_idx = best(scores[:, :beams], log_probs, 2 * k)  # [m, 2k] of the k * v
+    n = min(2 * k, beams * v)  # a vocabulary smaller than 2k offers fewer candidates: the rest are dead (-inf)
+    top_scores, top_idx = best(scores[:, :beams], log_probs, n)  # [m, 2k] of the k * v
+    if n < 2 * k:
+        top_scores = torch.nn.functional.pad(top_scores, (0, 2 * k - n), value=float("-inf"))
+        top_idx = torch.nn.functional.pad(top_idx, (0, 2 * k - n))
     top_beam, top_token = top_idx // v, top_idx % v
     alive, ends = top_scores > float("-inf"), top_token == EOS
     going = alive & ~ends

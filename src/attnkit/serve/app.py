@@ -6,11 +6,17 @@ Endpoint contract (JSON in, JSON out; every field not marked required has the de
 
 Common rules
 ------------
-* Every ``POST /v1/*`` body may name ``"model"``: one of ``GET /v1/models``' names (default: the first model the
-  server was started with). An unknown name is 404.
+* Every ``POST /v1/*`` body may name ``"model"``: one of ``GET /v1/models``' names. A request naming none gets the
+  first model the server was started with where that model answers the endpoint, else the first that does (a
+  generate request goes to the language model of a server whose first model translates). An unknown name is
+  404; a model that cannot answer the endpoint, 422.
+* ``GET /openapi.json`` describes this server: per endpoint the models that answer it and their limits, every
+  status with its schema; what JSON Schema cannot say (tokens per text, relations between fields) in
+  ``x-max-tokens`` and ``x-rules`` (:mod:`attnkit.serve.openapi`).
+* Integers are JSON Schema's: ``3`` and ``3.0`` are the same integer, ``3.5`` is none.
 * Errors are one line of JSON, ``{"error": "<field>: <what is wrong>"}``, never a traceback:
   400 malformed body (not JSON, not an object), 401 missing or wrong API key, 404 unknown model or path,
-  405 wrong method, 408 a body not received whole within ``--body-timeout`` (10 s),
+  405 wrong method (with ``Allow``: the path's methods), 408 a body not received whole within ``--body-timeout`` (10 s),
   413 too large (body bytes, sentences per request, tokens per sentence, image bytes or pixels),
   422 a field of the wrong type or value, an unknown field, or a model that cannot do what was asked,
   429 the queue is full (header ``Retry-After: <seconds>``), 500 an internal error (logged by the server),
@@ -48,7 +54,8 @@ GET /v1/models
     "cross": {"layers": 6, "heads": 8}},      # {"layers": 0, "heads": 0} where the family has none
     "grid": null,                             # captioners: [height, width] of the image grid
     "positional": "sinusoidal",              # or "learned", or null (RNNs, Show-Attend-Tell)
-    "max_positions": 256}]}``
+    "max_positions": 256,
+    "example": "A dog is running through the grass."}]}``   # a first input (a prompt; null for captioners)
 
 POST /v1/translate  (families that can translate)
     ``{"sentences": ["A dog runs."] (required, 1..64), "beam": <config's>, "len_penalty": <config's>,
@@ -83,13 +90,14 @@ POST /v1/generate  (language models)
     (else the text streams without them).
 
 POST /v1/caption  (captioners; multipart/form-data)
-    fields ``image`` (file, required; at most 10 MiB), ``model``, ``beam`` (config's), ``attention`` (true)
+    fields ``image`` (file, required; at most 10 MiB), ``model`` (empty: as absent), ``beam`` (config's),
+    ``attention`` (true)
     -> ``{"model": "...", "caption": "a dog runs", "words": ["a", "dog", "runs", "<end>"], "score": -3.2,
     "grid": [7, 7], "attention": [[...grid floats, row-major...] per word]}``  # attention: where each word looked
 
 POST /v1/attention  (families with attention; one example)
     ``{"source": "A dog runs." (a sentence; a language model's text), "image": null (captioners: the image file's
-    bytes as base64, instead of source), "target": null (null: the model's own output, decoded under the
+    bytes as base64, and no source), "target": null (null: the model's own output, decoded under the
     interventions), "mask_heads": [["cross", 0, 3], ...] (kind "encoder" | "decoder" | "cross", layer, head),
     "mask_source": [1, 4] (positions in "source" below, EOS included; a captioner's grid cells), "precision": 4}``
     -> ``{"model": "...", "family": "transformer", "source": ["▁A", ..., "</s>"], "target": ["<s>", "▁Ein", ...],
@@ -146,6 +154,7 @@ from attnkit.serve import compute
 from attnkit.serve.errors import ApiError, validation_message
 from attnkit.serve.metrics import Metrics
 from attnkit.serve.middleware import GuardMiddleware
+from attnkit.serve.openapi import openapi_document
 from attnkit.serve.schemas import (
     AttentionRequest,
     GenerateRequest,
@@ -223,6 +232,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
             message = f"path: no such endpoint {request.url.path}"
         elif exc.status_code == 405:
             message = f"method: {request.method} is not allowed on {request.url.path}"
+            return error_response(405, message, {"Allow": allowed_methods(request.app, request.url.path)})
         elif exc.status_code == 400:  # FastAPI's own: a body it could not decode (not UTF-8)
             detail = str(exc.detail)
             message = f"body: {detail[:1].lower()}{detail[1:]} (expected UTF-8 JSON)"
@@ -237,10 +247,13 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
 
     # --- helpers
 
-    def pick(name: str | None, capability: str) -> ServedModel:
-        m = served.get(name or default)
+    def pick(name: str | None, endpoint: str) -> ServedModel:
+        """The model a request to ``endpoint`` names, or the one it gets by default (:func:`compute.default_for`);
+        404 for an unknown name, 422 for a model that does not answer ``endpoint``."""
+        m = served.get((compute.default_for(served, default, endpoint) or default) if name is None else name)
         if m is None:
             raise ApiError(404, f"model: no model named {name!r} (serving: {', '.join(served)})")
+        capability = compute.CAPABILITY[endpoint]
         if capability not in m.model.capabilities:
             can = ", ".join(sorted(m.model.capabilities)) or "nothing"
             raise ApiError(422, f"model: {m.name} is a {m.model.family} model, which cannot {capability} "
@@ -315,7 +328,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
 
     @app.post("/v1/translate")
     async def translate(body: TranslateRequest, request: Request):
-        m = pick(body.model, "translate")
+        m = pick(body.model, "/v1/translate")
         options = compute.translate_options(m, body, settings)
         tokens = compute.source_tokens(m, body.sentences, settings)
         j = job("translate", m, body, key=("translate", m.name, *options), tokens=sum(tokens), streaming=body.stream)
@@ -323,7 +336,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
 
     @app.post("/v1/generate")
     async def generate(body: GenerateRequest, request: Request):
-        m = pick(body.model, "generate")
+        m = pick(body.model, "/v1/generate")
         if body.max_tokens > settings.max_new_tokens:
             raise ApiError(413, f"max_tokens: {body.max_tokens} is more than this server's limit of "
                                 f"{settings.max_new_tokens}")
@@ -334,7 +347,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/caption")
     async def caption(request: Request):
         form = await _form(request, settings)
-        m = pick(form.get("model") or None, "caption")
+        m = pick(form.get("model") or None, "/v1/caption")
         upload = form.get("image")
         if upload is None or isinstance(upload, str):
             raise ApiError(422, "image: required (a multipart file field named image)")
@@ -351,11 +364,13 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
 
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest, request: Request):
-        m = pick(body.model, "attention")
+        m = pick(body.model, "/v1/attention")
         image = None
         if "caption" in m.model.capabilities:
             if body.image is None:
                 raise ApiError(422, f"image: required for the captioner {m.name} (the image file as base64)")
+            if body.source is not None:
+                raise ApiError(422, f"source: {m.name} is a captioner: send image (the file as base64), not source")
             try:
                 image = base64.b64decode(body.image, validate=True)
             except (binascii.Error, ValueError):
@@ -377,7 +392,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
 
     @app.post("/v1/score")
     async def score(body: ScoreRequest, request: Request):
-        m = pick(body.model, "score")
+        m = pick(body.model, "/v1/score")
         if m.model.family == "transformer_lm":
             if body.sources is not None:
                 raise ApiError(422, f"sources: {m.name} is a language model: send targets (its texts) alone")
@@ -398,12 +413,14 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
 
     @app.post("/v1/positional")
     async def positional(body: PositionalRequest, request: Request):
-        m = pick(body.model, "attention")
+        m = pick(body.model, "/v1/positional")
         return await run(job("positional", m, body), request)
 
     # --- the OpenAPI page, offline when swagger-ui-bundle is installed
 
     _docs(app)
+    document = openapi_document(served, default, settings, app.version)
+    app.openapi = lambda: document
 
     # --- the explorer
 
@@ -446,11 +463,20 @@ class _Explorer:
 
         path = scope.get("path", "")
         if scope["type"] == "http" and (path in ENDPOINTS or path.startswith("/v1/")):
-            status = 405 if path in ENDPOINTS else 404
-            message = (f"method: {scope.get('method')} is not allowed on {path}" if status == 405 else
-                       f"path: no such endpoint {path}")
-            return await error_response(status, message)(scope, receive, send)
+            if path not in ENDPOINTS:
+                return await error_response(404, f"path: no such endpoint {path}")(scope, receive, send)
+            return await error_response(405, f"method: {scope.get('method')} is not allowed on {path}",
+                                        {"Allow": allowed_methods(scope["app"], path)})(scope, receive, send)
         return await self.files(scope, receive, send)
+
+
+def allowed_methods(app, path: str) -> str:
+    """The ``Allow`` header of a 405 (RFC 9110): the methods the app's routes take on ``path``."""
+    methods = set()
+    for route in app.routes:
+        if getattr(route, "path", None) == path:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
 
 
 async def _disconnected(request: Request) -> None:

@@ -47,15 +47,28 @@ def _max_positions(model) -> int | None:
     return None
 
 
+def source_token_limit(m, settings) -> int:
+    """Tokens a source sentence may have (EOS not counted): the server's limit, the model's learned positions
+    (one is EOS's) and the checkpoint's ``decode.max_source_tokens``, whichever is least."""
+    limit = min(settings.max_source_tokens, m.model.config.decode.max_source_tokens)
+    positions = _max_positions(m.model)
+    return limit if positions is None else min(limit, positions - 1)
+
+
+def prompt_token_limit(m, settings) -> int:
+    """Tokens a language model's text may have: its learned positions less BOS and one new token, else four times
+    the server's source limit; never more than the checkpoint's ``decode.max_source_tokens``."""
+    positions = _max_positions(m.model)
+    limit = settings.max_source_tokens * 4 if positions is None else positions - 2
+    return min(limit, m.model.config.decode.max_source_tokens)
+
+
 def source_tokens(m, sentences: list[str], settings, field: str = "sentences") -> list[int]:
     """Each sentence's source tokens (EOS included); 413 past the server's (or the model's) limit."""
     if len(sentences) > settings.max_sentences:
         raise ApiError(413, f"{field}: {len(sentences)} sentences, more than this server's limit of "
                             f"{settings.max_sentences} per request")
-    limit = settings.max_source_tokens
-    positions = _max_positions(m.model)
-    if positions is not None:
-        limit = min(limit, positions - 1)
+    limit = source_token_limit(m, settings)
     counts = [len(ids) + 1 for ids in m.model.tokenizers.src.encode(list(sentences))]
     for i, n in enumerate(counts):
         if n - 1 > limit:
@@ -67,13 +80,38 @@ def source_tokens(m, sentences: list[str], settings, field: str = "sentences") -
 def check_prompt(m, text: str, settings, field: str = "prompt") -> int:
     """A language model's text: its tokens must fit the model's positions (with BOS and one more)."""
     n = len(m.model.tokenizers.encode([text])[0])
-    limit = _max_positions(m.model)
-    limit = settings.max_source_tokens * 4 if limit is None else limit - 2
+    limit = prompt_token_limit(m, settings)
     if n > limit:
         raise ApiError(413, f"{field}: {n} tokens, more than {limit} (the model's positions, with BOS and one "
                             "new token)" if _max_positions(m.model) else f"{field}: {n} tokens, more than this "
                             f"server's limit of {limit}")
     return n
+
+
+# --- which model answers which endpoint
+
+CAPABILITY = {"/v1/translate": "translate", "/v1/generate": "generate", "/v1/caption": "caption",
+              "/v1/attention": "attention", "/v1/score": "score", "/v1/positional": "attention"}
+
+
+def serves(m, endpoint: str) -> bool:
+    """Whether the served model ``m`` answers ``endpoint`` (the capability it needs, and what it reads)."""
+    model = m.model
+    if CAPABILITY[endpoint] not in model.capabilities:
+        return False
+    if endpoint == "/v1/score":
+        return "caption" not in model.capabilities  # a captioner's sources are images: not sent as JSON
+    if endpoint == "/v1/positional":
+        return any(_positional(model, side) is not None for side in ("source", "target"))
+    return True
+
+
+def default_for(served: dict, default: str, endpoint: str) -> str | None:
+    """The model a request to ``endpoint`` naming none gets: the server's default where it answers the endpoint,
+    else the first served model that does (None: no served model does)."""
+    if serves(served[default], endpoint):
+        return default
+    return next((name for name, m in served.items() if serves(m, endpoint)), None)
 
 
 # --- the models' description
@@ -101,8 +139,23 @@ def describe(m, default: bool) -> dict:
         decode["max_caption_len"] = d.max_caption_len
     m.info = {"name": m.name, "family": model.family, "capabilities": sorted(model.capabilities),
               "path": str(model.path), "decode": decode, "attention": counts, "grid": grid,
-              "positional": positional, "max_positions": getattr(cfg, "max_positions", None)}
+              "positional": positional, "max_positions": getattr(cfg, "max_positions", None),
+              "example": _example(model)}
     return {**m.info, "default": default}
+
+
+# data formats whose sources are not English sentences, and what they look like
+EXAMPLES = {"dates": "July 20, 1969"}
+
+
+def _example(model) -> str | None:
+    """A first input for the explorer: a source sentence the model reads, a language model's prompt; None for a
+    captioner (its inputs are images)."""
+    if "caption" in model.capabilities:
+        return None
+    if "generate" in model.capabilities:
+        return "The"
+    return EXAMPLES.get(model.config.data.format, "A dog is running through the grass.")
 
 
 # --- the worker's side

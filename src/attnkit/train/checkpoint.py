@@ -4,17 +4,62 @@ averaging the last checkpoints of a run."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from attnkit.checkpoint import load_checkpoint, load_weights, point, read_meta, resolve_checkpoint, write_checkpoint
+from attnkit.checkpoint import (
+    load_checkpoint,
+    load_weights,
+    point,
+    read_meta,
+    resolve_checkpoint,
+    verify_files,
+    write_checkpoint,
+)
 from attnkit.errors import AttnkitError
 
 __all__ = ["average_checkpoints", "load_checkpoint", "load_weights", "point", "read_meta", "read_trainer_state",
-           "resolve_checkpoint", "write_checkpoint"]
+           "resolve_checkpoint", "set_aside", "step_directories", "step_number", "write_checkpoint"]
+
+STEP_NAME = re.compile(r"step-([0-9]+)")
+
+
+def step_number(name: str) -> int | None:
+    """N for a checkpoint named step-N; None for any other name (best, averaged, a set-aside step-N.damaged)."""
+    match = STEP_NAME.fullmatch(name)
+    return int(match[1]) if match else None
+
+
+def step_directories(directory: Path) -> list[Path]:
+    """The step-N checkpoint directories in ``directory``, oldest first. Names are matched whole: a glob such as
+    ``step-*`` would also take a damaged checkpoint set aside as step-N.damaged."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    steps = [d for d in directory.iterdir() if step_number(d.name) is not None and d.is_dir()]
+    return sorted(steps, key=lambda d: step_number(d.name))
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint directory to <name>.damaged (or .damaged-2, -3, ... where that exists), so that
+    training neither overwrites, prunes nor averages it and its files stay as they are for inspection; -> the new
+    path. Nothing that exists is replaced."""
+    path = Path(path)
+    n = 1
+    while True:
+        target = path.with_name(f"{path.name}.damaged" + (f"-{n}" if n > 1 else ""))
+        if not (target.exists() or target.is_symlink()):
+            break
+        n += 1
+    try:
+        os.rename(path, target)  # on one filesystem: the files are not copied, so not changed
+    except OSError as e:
+        raise AttnkitError(f"{path}: damaged, and cannot be set aside as {target.name} ({e.strerror or e})") from None
+    return target
 
 
 def read_trainer_state(path: Path) -> dict[str, torch.Tensor]:
@@ -69,7 +114,9 @@ def average_checkpoints(paths: list[Path], out: Path, overwrite: bool = True) ->
     params = dict(model.named_parameters())  # tied weights appear once
     total = {k: v.detach().double().clone() for k, v in params.items()}
     for p in paths[1:]:
-        load_weights(model, resolve_checkpoint(p) / "model.safetensors")
+        p = resolve_checkpoint(p)
+        verify_files(p, read_meta(p) if (p / "meta.json").exists() else {})  # a damaged input is refused
+        load_weights(model, p / "model.safetensors")
         for k, v in params.items():
             total[k] += v.detach().double()
     with torch.no_grad():

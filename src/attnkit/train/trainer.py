@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -14,7 +15,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from attnkit.checkpoint import checkpoint_is_intact, remove_debris, verify_files, verify_model_config
+from attnkit.checkpoint import (
+    checkpoint_damage,
+    checkpoint_is_intact,
+    remove_debris,
+    verify_files,
+    verify_model_config,
+)
 from attnkit.config import ExperimentConfig, check_positions, dump_toml
 from attnkit.data import Parallel, token_batches
 from attnkit.errors import AttnkitError
@@ -27,6 +34,9 @@ from attnkit.train.checkpoint import (
     read_meta,
     read_trainer_state,
     resolve_checkpoint,
+    set_aside,
+    step_directories,
+    step_number,
     write_checkpoint,
 )
 from attnkit.train.schedule import learning_rate
@@ -217,10 +227,10 @@ class Trainer:
         """Load weights, optimizer moments, RNG and data position from a checkpoint (or a run's last one).
 
         Every file is verified against the checkpoint's meta.json first; given a run directory whose newest
-        checkpoint is damaged, the newest intact one is used, with one warning line. A config whose model
-        contradicts the checkpoint's, or whose train.max_steps is below its step, is refused. A refused resume
-        writes nothing."""
-        path = self._intact_checkpoint(path)
+        checkpoint is damaged, the newest intact one is used, and the damaged ones are set aside
+        (:meth:`_set_aside_damaged`), with one warning line. A config whose model contradicts the checkpoint's, or
+        whose train.max_steps is below its step, is refused. A refused resume writes nothing."""
+        path, fell_back_from = self._intact_checkpoint(path)
         meta = read_meta(path)
         verify_model_config(path, self.cfg, meta, what="the config given to --resume")
         step = meta.get("progress", {}).get("step") if isinstance(meta.get("progress"), dict) else None
@@ -263,33 +273,98 @@ class Trainer:
             self.progress = Progress(**meta["progress"])
         except TypeError as e:
             raise AttnkitError(f"{path}/meta.json: progress does not describe a training run ({e})") from None
+        self._set_aside_damaged(path, step, fell_back_from)
         self._record_run()
         # records a killed run logged after this checkpoint are redone; read_metrics drops them
         self.log({"step": self.progress.step, "resumed_from": path.name})
 
-    def _intact_checkpoint(self, path: str | Path) -> Path:
+    def _intact_checkpoint(self, path: str | Path) -> tuple[Path, Path | None]:
         """``path``'s checkpoint, verified; for a run directory whose last checkpoint is damaged or missing, the
-        newest intact step-N, with one warning line on stderr."""
+        newest intact step-N. -> (checkpoint, the ``last`` link it stands in for, or None)."""
         given = Path(path)
         run_ckpts = given / "checkpoints"
         if (given / "model.safetensors").exists() or not run_ckpts.is_dir():
             path = checkpoint_of(given)
             verify_files(path, resuming=True)
-            return path
+            return path, None
         last = run_ckpts / "last"
         if last.exists() and checkpoint_is_intact(last.resolve()):
-            return last.resolve()
-        steps = sorted((d for d in run_ckpts.glob("step-*") if d.is_dir() and d.name[5:].isdigit()),
-                       key=lambda d: int(d.name[5:]), reverse=True)
-        for candidate in steps:
+            return last.resolve(), None
+        for candidate in reversed(step_directories(run_ckpts)):
             if checkpoint_is_intact(candidate):
-                newest = last.resolve().name if last.exists() else "checkpoints/last"
-                print(f"attnkit: warning: {run_ckpts / newest} is damaged or missing; resuming from "
-                      f"{candidate.name}, the newest intact checkpoint", file=sys.stderr)
-                return candidate
+                return candidate, last
         if last.exists():
             verify_files(last.resolve(), resuming=True)  # names what is wrong
         raise AttnkitError(f"{given}: no intact checkpoint to resume from in {run_ckpts}")
+
+    def _set_aside_damaged(self, resumed: Path, step: int, fell_back_from: Path | None) -> None:
+        """Before training writes checkpoints again, rename each damaged step-N of this run to step-N.damaged: one
+        newer than the checkpoint resumed from (training would write over it), one the resumed progress keeps
+        (it would be averaged, then pruned), or one ``last`` or ``best`` points at. Its files are the evidence of
+        what went wrong, kept byte for byte. ``last`` and ``best`` left pointing at nothing are repointed at intact
+        checkpoints. One warning line says what was wrong and where it went. Rank 0 alone: the other ranks only
+        read, and never a directory moved here."""
+        if self.rank != 0:
+            return
+        ckpts = self.ckpt_dir
+        here = ckpts.resolve()
+        last, best = ckpts / "last", ckpts / "best"
+        resumed_here = resumed.resolve().parent == here
+        fallback_note = None
+        if fell_back_from is not None:  # the link resume stood in for: say what was wrong with it
+            if fell_back_from.is_symlink() and not fell_back_from.exists():
+                fallback_note = f"{fell_back_from} points at {os.readlink(fell_back_from)}, which is missing"
+            elif not fell_back_from.exists():
+                fallback_note = f"{fell_back_from} is missing"
+            elif fell_back_from.resolve().parent != here or step_number(fell_back_from.resolve().name) is None:
+                fallback_note = f"{fell_back_from} is damaged ({checkpoint_damage(fell_back_from.resolve())})"
+            # else a damaged step-N of this run: set aside below, and named there
+        suspects = {d.name for d in step_directories(ckpts) if step_number(d.name) > step}
+        if resumed_here:  # the history names this run's checkpoints only then
+            suspects.update(self.progress.history)
+        suspects.update(link.resolve().name for link in (last, best)
+                        if link.is_symlink() and link.resolve().parent == here)
+        suspects = {name for name in suspects if step_number(name) is not None and (ckpts / name).is_dir()}
+        if resumed_here:
+            suspects.discard(resumed.name)
+        notes = [fallback_note] if fallback_note else []
+        moved = set()
+        for name in sorted(suspects, key=step_number, reverse=True):
+            # an older one may lack its trainer state on purpose (kept for inference); a newer one was passed over
+            # by resume for it
+            damage = checkpoint_damage(ckpts / name, resuming=step_number(name) > step)
+            if damage is not None:
+                notes.append(f"{ckpts / name} is damaged ({damage}); moved to {set_aside(ckpts / name)}")
+                moved.add(name)
+        self.progress.history = [name for name in self.progress.history if name not in moved]
+        if last.is_symlink() and not last.exists():
+            if resumed_here:
+                point(last, ckpts / resumed.name)
+            else:
+                last.unlink()
+        if best.is_symlink() and not best.exists():
+            self._repoint_best(step)
+        if notes:
+            which = f"{resumed.name}, the newest intact checkpoint" if fell_back_from is not None else resumed.name
+            print(f"attnkit: warning: {'; '.join(notes)}; resuming from {which}", file=sys.stderr)
+
+    def _repoint_best(self, step: int) -> None:
+        """Point ``best`` at the intact checkpoint, at or before ``step``, that holds the best score recorded so
+        far; remove it if none does (the next better validation sets it)."""
+        best = self.ckpt_dir / "best"
+        if self.progress.best_score is not None:
+            for directory in reversed(step_directories(self.ckpt_dir)):
+                if step_number(directory.name) > step:
+                    continue
+                try:
+                    scores = read_meta(directory).get("scores")
+                except AttnkitError:
+                    continue
+                if isinstance(scores, dict) and self.score_value(scores) == self.progress.best_score \
+                        and checkpoint_is_intact(directory, resuming=False):
+                    point(best, directory)
+                    return
+        best.unlink()
 
     def save(self, model, scores: dict | None = None) -> Path | None:
         """Write a checkpoint of ``model`` (:meth:`full_model`). Every rank calls this (the RNG gather); rank 0
@@ -308,7 +383,7 @@ class Trainer:
         point(self.ckpt_dir / "last", path)
         best = self.ckpt_dir / "best"
         for old in stale:
-            if not (best.is_symlink() and best.resolve().name == old):
+            if step_number(old) is not None and not (best.is_symlink() and best.resolve().name == old):
                 shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
         return path
 
@@ -340,9 +415,18 @@ class Trainer:
         model.train()
         return scores
 
-    def is_better(self, scores: dict) -> bool:
+    def score_value(self, scores: dict) -> float | None:
+        """What train.best_metric ranks checkpoints by, higher better; None where ``scores`` lacks it."""
         key = "valid_bleu" if self.cfg.train.best_metric == "bleu" and "valid_bleu" in scores else "valid_loss"
-        value = scores[key] if key == "valid_bleu" else -scores[key]
+        value = scores.get(key)
+        if not isinstance(value, (int, float)):
+            return None
+        return value if key == "valid_bleu" else -value
+
+    def is_better(self, scores: dict) -> bool:
+        value = self.score_value(scores)
+        if value is None:
+            return False
         if self.progress.best_score is None or value > self.progress.best_score:
             self.progress.best_score = value
             return True
@@ -358,7 +442,8 @@ class Trainer:
             best = self.ckpt_dir / "best"
             previous = best.resolve().name if best.is_symlink() else None
             point(best, path)
-            if previous and previous not in self.progress.history:  # kept only because it was best
+            if previous and step_number(previous) is not None and previous not in self.progress.history:
+                # a step-N kept only because it was best (a set-aside step-N.damaged is never removed)
                 shutil.rmtree(self.ckpt_dir / previous, ignore_errors=True)
         distributed.barrier(self.world)
         return scores

@@ -1,8 +1,8 @@
 // The explorer's shell: tabs, the served models, the URL's hash as the state of the view shown.
 
 import { getJSON, setApiKey } from "./api.js";
-import { readHash } from "./state.js";
-import { h } from "./ui.js";
+import { example, readHash, seedExample } from "./state.js";
+import { h, needsText } from "./ui.js";
 import translate from "./views/translate.js";
 import modelView from "./views/model.js";
 import interventions from "./views/interventions.js";
@@ -33,6 +33,17 @@ function tabs() {
   nav.replaceChildren(...VIEWS.map((v) => h("a", { href: `#${v.id}`, "data-view": v.id }, v.title)));
 }
 
+// a tab whose view no served model can fill stays, dimmed, and says which model it needs
+function markTabs() {
+  for (const a of document.querySelectorAll("#tabs a")) {
+    const { needs } = byId[a.dataset.view];
+    const missing = !!needs && !models.some(needs.has);
+    a.classList.toggle("unserved", missing);
+    if (missing) a.title = needsText(needs);
+    else a.removeAttribute("title");
+  }
+}
+
 function route() {
   const { view, params } = readHash();
   const id = byId[view] ? view : "translate";
@@ -51,9 +62,12 @@ function route() {
     id,
   };
   currentId = id;
-  current = byId[id].mount(root, ctx, params);
+  app.settled = false;
+  const shown = (current = byId[id].mount(root, ctx, params));
   app.view = current;
   app.viewId = id;
+  // the run the view started on opening (its example), if any: settled when it is over (the tests wait on it)
+  Promise.resolve(shown.first).catch(() => {}).finally(() => { if (current === shown) app.settled = true; });
 }
 
 async function start() {
@@ -81,6 +95,9 @@ async function start() {
     statusEl.classList.add("down");
   }
   app.models = models;
+  app.example = example;
+  seedExample(models);
+  markTabs();
   window.addEventListener("hashchange", route);
   route();
   app.ready = true;

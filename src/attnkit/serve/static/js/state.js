@@ -26,3 +26,41 @@ export function writeHash(view, params) {
 
 export const num = (v, d) => (v === undefined || v === null || v === "" || Number.isNaN(+v) ? d : +v);
 export const list = (v) => (v ? String(v).split(",").filter((x) => x !== "") : []);
+
+// --- the example the views share: what was last run in any view (a sentence to translate, a language model's
+// prompt, a captioner's image), so that a view opens on it and shows its result, not an empty form. On load it
+// holds a first example for the served models.
+
+const ENGLISH_SOURCE = "A dog is running through the grass.";  // Multi30k's and Tatoeba's: English
+const LM_PROMPT = "the";
+const IMAGE = "dog";  // one of static/samples/*.png
+
+/** The current example: {src, model (the translation model that read it), prompt, lm, image, blob}. */
+export const example = { src: "", model: "", prompt: "", lm: "", image: "", blob: null };
+
+export function setExample(patch) {
+  Object.assign(example, patch);
+}
+
+/** A first sentence for a translation model: the example GET /v1/models gives for it, else English. */
+export function firstSource(m) {
+  return m.example ? String(m.example) : ENGLISH_SOURCE;
+}
+
+/** Fill in the first example for ``models`` (normalized: capabilities a Set). */
+export function seedExample(models) {
+  const mt = models.find((m) => m.capabilities.has("translate") && m.capabilities.has("attention"))
+    ?? models.find((m) => m.capabilities.has("translate"));
+  const lm = models.find((m) => m.capabilities.has("generate"));
+  setExample({
+    src: mt ? firstSource(mt) : "", model: mt ? mt.name : "",
+    prompt: lm ? (lm.example != null ? String(lm.example) : LM_PROMPT) : "", lm: lm ? lm.name : "",
+    image: models.some((m) => m.capabilities.has("caption")) ? IMAGE : "", blob: null,
+  });
+}
+
+/** The model a view opens with: the link's, else the example's when the view can use it, else the first. */
+export function pickModel(models, ...wanted) {
+  for (const name of wanted) if (name && models.some((m) => m.name === name)) return name;
+  return models[0].name;
+}

@@ -115,9 +115,24 @@ export function layerOptions(n) {
   return [...Array(n).keys()].map((i) => ({ value: String(i), label: `layer ${i}` }));
 }
 
-export function noModel(root, what) {
-  root.append(h("div", { class: "panel nomodel" },
-    `No served model can ${what}. Start the server with one: attnkit serve RUN_DIR [MORE ...]`));
+/** What a view needs of a served model: {what: "captioning model", start: "a Show, Attend and Tell ... checkpoint",
+ * capability (one or a list) and/or family: what GET /v1/models says of such a model, has(model): whether a served
+ * model is one, hint: an optional line more}. */
+export function needsText(needs) {
+  const caps = [needs.capability ?? []].flat();
+  const which = [needs.family && `family: ${needs.family}`,
+    caps.length && `${caps.length > 1 ? "capabilities" : "capability"}: ${caps.join(", ")}`].filter(Boolean).join("; ");
+  return `No ${needs.what} is served: start attnkit serve with ${needs.start} (${which}).`;
+}
+
+/** The view's content when no served model can do what it needs: which model to serve, instead of an empty form. */
+export function noModel(root, needs) {
+  root.append(h("div", { class: "panel nomodel", "data-role": "nomodel", "data-family": needs.family ?? "",
+    "data-capability": [needs.capability ?? []].flat().join(",") },
+  needsText(needs),
+  needs.hint ? h("div", { class: "muted" }, needs.hint) : null,
+  h("div", { class: "muted" }, "attnkit serve RUN_DIR [NAME=RUN_DIR ...] serves several models: each view finds "
+    + "the ones it can use.")));
 }
 
 /** Display a SentencePiece/word token: the word-start mark becomes a visible space. */

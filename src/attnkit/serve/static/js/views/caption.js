@@ -3,13 +3,15 @@
 
 import { postForm } from "../api.js";
 import { CMAPS } from "../colormap.js";
-import { num, writeHash } from "../state.js";
+import { example, num, pickModel, setExample, writeHash } from "../state.js";
 import { h, header, job, labeled, modelSelect, noModel, status } from "../ui.js";
 
 const ID = "caption";
 const SAMPLES = ["dog", "beach", "street"];
 const SIZE = 336;  // CSS pixels of the main image
 const REVEAL_MS = 180;  // between words as the caption appears
+const NEEDS = { what: "captioning model", capability: "caption", has: (m) => m.capabilities.has("caption"),
+  start: "a Show, Attend and Tell or Transformer captioner checkpoint, e.g. a run of configs/flickr8k_sat.toml" };
 
 function loadImage(src) {
   return new Promise((resolve, reject) => {
@@ -50,15 +52,16 @@ export function drawAttended(canvas, img, weights, grid, size, { heat = false } 
 }
 
 function mount(root, ctx, params) {
-  const models = ctx.modelsFor((m) => m.capabilities.has("caption"));
+  const models = ctx.modelsFor(NEEDS.has);
   const view = { id: ID };
   header(root, { title: "Caption", view,
     lead: "Choose or upload an image. The caption appears word by word; under each word, where the model looked "
       + "while choosing it (bright: its most attended cells, dark: its least). Hover a word to show it large." });
-  if (!models.length) { noModel(root, "caption images"); return view; }
+  if (!models.length) { noModel(root, NEEDS); return view; }
+  // a link's image, else the example the views share (the last image captioned, or the first on load)
   const st = {
-    model: params.model && models.some((m) => m.name === params.model) ? params.model : models[0].name,
-    image: params.image ?? "dog", beam: num(params.beam, 3), word: num(params.word, -1),
+    model: pickModel(models, params.model), image: params.image ?? (example.image || SAMPLES[0]),
+    beam: num(params.beam, 3), word: num(params.word, -1),
     style: params.style === "heat" ? "heat" : "dim",
   };
   let img = null, blob = null, answer = null, timer = null;
@@ -156,6 +159,7 @@ function mount(root, ctx, params) {
     form.append("image", blob, st.image === "upload" && blob.name ? blob.name : `${st.image}.png`);
     form.append("beam", String(st.beam));
     form.append("attention", "true");
+    setExample({ image: st.image, blob: st.image === "upload" ? blob : null });
     await work.run(async (signal) => {
       status(msg, "captioning…");
       const t0 = performance.now();
@@ -201,8 +205,14 @@ function mount(root, ctx, params) {
   };
   view.unmount = () => { work.abort(); clearTimeout(timer); };
   view.run = run;
-  if (SAMPLES.includes(st.image)) pickSample(st.image).then(() => (params.image ? run() : null)).catch((e) => status(msg, e.message, true));
+  if (SAMPLES.includes(st.image)) {
+    view.first = pickSample(st.image).then(run).catch((e) => status(msg, e.message, true));
+  } else if (st.image === "upload" && example.image === "upload" && example.blob) {  // the image uploaded before
+    blob = example.blob;
+    view.first = loadImage(URL.createObjectURL(blob)).then((im) => { img = im; drawMain(); return run(); })
+      .catch((e) => status(msg, e.message, true));
+  }
   return view;
 }
 
-export default { id: ID, title: "Caption", mount };
+export default { id: ID, title: "Caption", mount, needs: NEEDS };

@@ -4,10 +4,13 @@
 import { KINDS, attentionJSON, axes, fetchAttention } from "../attention.js";
 import { pick } from "../mat.js";
 import { MatrixView } from "../matrix.js";
-import { list, writeHash } from "../state.js";
-import { h, header, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
+import { example, list, pickModel, setExample, writeHash } from "../state.js";
+import { h, header, job, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
 
 const ID = "interventions";
+const NEEDS = { what: "translation model with attention", capability: ["translate", "attention"],
+  has: (m) => m.capabilities.has("attention") && m.capabilities.has("translate"),
+  start: "a Transformer, convolutional-encoder Transformer or RNNsearch translation checkpoint" };
 
 /** The output text and score an attention answer carries (the server's own decoding under the masks). */
 function outcome(att) {
@@ -19,17 +22,18 @@ function outcome(att) {
 }
 
 function mount(root, ctx, params) {
-  const models = ctx.modelsFor((m) => m.capabilities.has("attention") && m.capabilities.has("translate"));
+  const models = ctx.modelsFor(NEEDS.has);
   const view = { id: ID };
   header(root, { title: "Interventions", view,
     lead: "Mask attention heads (their output set to zero) or source tokens (no query may attend to them): each "
       + "change re-runs the model at once, and its new output and score stand beside the unmasked model's." });
-  if (!models.length) { noModel(root, "translate with attention"); return view; }
+  if (!models.length) { noModel(root, NEEDS); return view; }
+  // a link's sentence, else the example the views share (the last one run in any view, or the first on load)
   const st = {
-    model: params.model && models.some((m) => m.name === params.model) ? params.model : models[0].name,
-    src: params.src ?? "", heads: new Set(list(params.heads)), mask: new Set(list(params.mask).map(Number)),
+    model: pickModel(models, params.model, example.model), src: params.src ?? example.src,
+    heads: new Set(list(params.heads)), mask: new Set(list(params.mask).map(Number)),
   };
-  let base = null, masked = null, busy = null;
+  let base = null, masked = null;
   const save = () => writeHash(ID, { model: st.model, src: st.src, heads: [...st.heads].sort(),
     mask: [...st.mask].sort((a, b) => a - b) });
 
@@ -41,6 +45,7 @@ function mount(root, ctx, params) {
   const clearBtn = h("button", { onclick: () => { st.heads.clear(); st.mask.clear(); changed(); } },
     "Clear masks");
   const msg = h("div", { class: "status", "data-role": "status" });
+  const loading = job(root, msg, loadBtn);
   root.append(h("div", { class: "panel" }, h("div", { class: "controls" },
     labeled("model", modelSelect(models, st.model, (v) => { st.model = v; save(); })),
     h("span", { class: "wide" }, srcInput), loadBtn), msg));
@@ -125,32 +130,27 @@ function mount(root, ctx, params) {
   async function load() {
     st.src = srcInput.value.trim(); save();
     if (!st.src) { status(msg, "type a sentence first", true); return; }
-    if (busy) busy.abort();
-    const ctrl = (busy = new AbortController());
-    loadBtn.disabled = true;
-    status(msg, "translating…");
-    try {
-      base = await fetchAttention({ model: st.model, source: st.src }, { signal: ctrl.signal });
+    setExample({ src: st.src, model: st.model });
+    await loading.run(async (signal) => {
+      status(msg, "translating…");
+      base = await fetchAttention({ model: st.model, source: st.src }, { signal });
       masked = null;
       for (const i of [...st.mask]) if (i >= base.source.length) st.mask.delete(i);
       renderMasks();
       showSide(sideA, base);
       showSide(sideB, null);
       status(msg, "mask heads or source tokens, then re-run");
-      if (st.heads.size || st.mask.size) await rerun(ctrl);
-    } catch (e) {
-      if (e.name !== "AbortError") status(msg, e.message, true);
-    } finally {
-      if (busy === ctrl) { busy = null; }
-      loadBtn.disabled = false;
-    }
+      if (st.heads.size || st.mask.size) await rerun(signal);
+      signal.throwIfAborted();
+    });
   }
 
   let inflight = null;
-  async function rerun(ctrl0) {
+  async function rerun(signal) {  // signal: the load's, when a load re-runs its masks (aborting it aborts this)
     if (!base) return;
     if (inflight) inflight.abort();
-    const ctrl = (inflight = ctrl0 || new AbortController());
+    const ctrl = (inflight = new AbortController());
+    if (signal) signal.addEventListener("abort", () => ctrl.abort(), { once: true });
     const body = maskBody();
     runBtn.disabled = true;
     status(msg, "re-running with masks…");
@@ -182,9 +182,9 @@ function mount(root, ctx, params) {
     if (p.src !== undefined) srcInput.value = p.src;
     load();
   };
-  view.unmount = () => { if (busy) busy.abort(); if (inflight) inflight.abort(); clearTimeout(pending); };
-  if (st.src) load();
+  view.unmount = () => { loading.abort(); if (inflight) inflight.abort(); clearTimeout(pending); };
+  if (st.src) view.first = load();
   return view;
 }
 
-export default { id: ID, title: "Interventions", mount };
+export default { id: ID, title: "Interventions", mount, needs: NEEDS };

@@ -5,11 +5,14 @@ import { postStream } from "../api.js";
 import { attentionJSON, fetchAttention } from "../attention.js";
 import { pick } from "../mat.js";
 import { MatrixView } from "../matrix.js";
-import { num, writeHash } from "../state.js";
+import { example, num, pickModel, setExample, writeHash } from "../state.js";
 import { h, header, headOptions, job, labeled, layerOptions, modelSelect, noModel, pretty, select, status } from "../ui.js";
 
 const ID = "lm";
 const TOP = 10;
+const NEEDS = { what: "language model", family: "transformer_lm", capability: "generate",
+  has: (m) => m.capabilities.has("generate"),
+  start: "a Transformer language model (GPT) checkpoint, e.g. a run of configs/tinyshakespeare_char.toml" };
 
 function show(piece) {
   const s = pretty(piece);
@@ -17,16 +20,18 @@ function show(piece) {
 }
 
 function mount(root, ctx, params) {
-  const models = ctx.modelsFor((m) => m.capabilities.has("generate"));
+  const models = ctx.modelsFor(NEEDS.has);
   const view = { id: ID };
   header(root, { title: "Language model", view,
     lead: "Sample a continuation. Each new token shows the model's next-token distribution (bar: the distribution "
       + "it was sampled from after temperature, top-k and top-p; tick: the model's own probability) and, below, "
       + "the causal self-attention while it was chosen." });
-  if (!models.length) { noModel(root, "generate text"); return view; }
+  if (!models.length) { noModel(root, NEEDS); return view; }
+  // a link's prompt, else the example the views share (the last prompt run, or the first on load)
+  const fromLink = params.prompt !== undefined || !!params.run;
   const st = {
-    model: params.model && models.some((m) => m.name === params.model) ? params.model : models[0].name,
-    prompt: params.prompt ?? "", max: num(params.max, 40), temp: num(params.temp, 1), k: num(params.k, 0),
+    model: pickModel(models, params.model, example.lm),
+    prompt: params.prompt ?? example.prompt, max: num(params.max, 40), temp: num(params.temp, 1), k: num(params.k, 0),
     p: num(params.p, 1), seed: params.seed ?? "0", layer: num(params.layer, -1), head: params.head ?? "avg",
     step: num(params.step, -1),
   };
@@ -166,6 +171,7 @@ function mount(root, ctx, params) {
     st.k = Math.max(0, num(kInput.value, 0)); st.p = Math.min(1, Math.max(0.01, num(pInput.value, 1)));
     st.seed = seedInput.value.trim();
     st.step = -1; save();
+    setExample({ prompt: st.prompt, lm: st.model });
     work.abort();
     steps = []; tokens = []; att = null; answer = null; promptLen = 0;
     renderText(); renderBars(); renderAttention(); matrix.set(null);
@@ -228,8 +234,8 @@ function mount(root, ctx, params) {
   };
   view.unmount = () => work.abort();
   view.run = run;
-  if (params.prompt !== undefined || params.run) run(true);
+  if (fromLink || st.prompt) view.first = run(true);
   return view;
 }
 
-export default { id: ID, title: "Language model", mount };
+export default { id: ID, title: "Language model", mount, needs: NEEDS };

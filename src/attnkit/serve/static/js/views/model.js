@@ -4,23 +4,28 @@
 import { KINDS, attentionJSON, axes, fetchAttention } from "../attention.js";
 import { pick } from "../mat.js";
 import { MatrixView, paintCells } from "../matrix.js";
-import { writeHash } from "../state.js";
+import { example, pickModel, setExample, writeHash } from "../state.js";
 import { exampleControls, h, header, job, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
 
 const ID = "model";
+const NEEDS = { what: "model with attention", capability: "attention", has: (m) => m.capabilities.has("attention"),
+  start: "a Transformer (translation or language model), convolutional-encoder Transformer or RNNsearch checkpoint" };
 const THUMB = 84;  // CSS pixels of a thumbnail's longer side
 const size = (n) => (n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB` : `${Math.ceil(n / 1e3)} kB`);
 
 function mount(root, ctx, params) {
-  const models = ctx.modelsFor((m) => m.capabilities.has("attention"));
+  const models = ctx.modelsFor(NEEDS.has);
   const view = { id: ID };
   header(root, { title: "Model view", view,
     lead: "Every attention map of one example: rows are layers, columns heads. A translation model shows encoder "
       + "self-, decoder self- and cross-attention, a language model its causal self-attention. Click a map to open it." });
-  if (!models.length) { noModel(root, "show its attention"); return view; }
+  if (!models.length) { noModel(root, NEEDS); return view; }
+  const isLM = (name) => !!models.find((m) => m.name === name)?.capabilities.has("generate");
+  // a link's example, else the one the views share: the last sentence (or prompt) run in any view
+  const model = pickModel(models, params.model, example.model);
   const st = {
-    model: params.model && models.some((m) => m.name === params.model) ? params.model : models[0].name,
-    src: params.src ?? "", tgt: params.tgt ?? "", open: params.open ?? "",
+    model, src: params.src ?? (isLM(model) ? example.prompt : example.src), tgt: params.tgt ?? "",
+    open: params.open ?? "",
   };
   let att = null;
   const save = () => writeHash(ID, st);
@@ -93,6 +98,9 @@ function mount(root, ctx, params) {
   async function run() {
     st.src = srcInput.value.trim(); st.tgt = tgtInput.value.trim(); save();
     if (!st.src) { status(msg, "type a sentence first", true); return; }
+    const m = models.find((x) => x.name === st.model);
+    if (m?.capabilities.has("translate")) setExample({ src: st.src, model: st.model });
+    else if (isLM(st.model)) setExample({ prompt: st.src, lm: st.model });
     status(msg, "computing attention…");
     await work.run(async (signal) => {
       const body = { model: st.model, source: st.src, precision: 3 };  // 256 colours need no more
@@ -155,8 +163,8 @@ function mount(root, ctx, params) {
   };
   view.unmount = () => work.abort();
   view.run = run;
-  if (st.src) run();
+  if (st.src) view.first = run();
   return view;
 }
 
-export default { id: ID, title: "Model view", mount };
+export default { id: ID, title: "Model view", mount, needs: NEEDS };

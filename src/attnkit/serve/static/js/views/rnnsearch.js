@@ -4,13 +4,16 @@
 import { attentionJSON, axes, fetchAttention } from "../attention.js";
 import { pick } from "../mat.js";
 import { MatrixView } from "../matrix.js";
-import { writeHash } from "../state.js";
+import { example, pickModel, setExample, writeHash } from "../state.js";
 import { exampleControls, h, header, job, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
 
 const ID = "rnnsearch";
+const NEEDS = { what: "RNNsearch model", family: "rnnsearch", has: (m) => m.family === "rnnsearch",
+  start: "an RNNsearch checkpoint, e.g. a run of configs/multi30k_en_de_rnnsearch.toml",
+  hint: "A Transformer's cross-attention is in the Translate and Model views." };
 
 function mount(root, ctx, params) {
-  const rnn = ctx.modelsFor((m) => m.family === "rnnsearch");
+  const rnn = ctx.modelsFor(NEEDS.has);
   const others = ctx.modelsFor((m) => m.family !== "rnnsearch" && m.capabilities.has("attention")
     && m.capabilities.has("translate"));
   const models = [...rnn, ...others];
@@ -18,12 +21,13 @@ function mount(root, ctx, params) {
   header(root, { title: "RNNsearch alignment", view,
     lead: "The soft alignment of an RNN encoder-decoder with additive attention (Bahdanau, Cho and Bengio, 2015, "
       + "figure 3): each row is a generated word, each column a source word, white where the weight is 1, black "
-      + "where it is 0." + (rnn.length ? "" : " No RNNsearch model is served: a Transformer's last-layer cross-attention, "
-      + "averaged over heads, stands in.") });
-  if (!models.length) { noModel(root, "align (translate with attention)"); return view; }
+      + "where it is 0. A served Transformer, chosen as the model, shows its last-layer cross-attention, averaged "
+      + "over heads, to compare." });
+  if (!rnn.length) { noModel(root, NEEDS); return view; }
+  // a link's sentence, else the example the views share (the last one run in any view, or the first on load)
   const st = {
-    model: params.model && models.some((m) => m.name === params.model) ? params.model : models[0].name,
-    src: params.src ?? "", tgt: params.tgt ?? "",
+    model: pickModel(models, params.model, rnn.some((m) => m.name === example.model) && example.model),
+    src: params.src ?? example.src, tgt: params.tgt ?? "",
   };
   let att = null;
   const save = () => writeHash(ID, st);
@@ -44,6 +48,7 @@ function mount(root, ctx, params) {
   async function run() {
     st.src = srcInput.value.trim(); st.tgt = tgtInput.value.trim(); save();
     if (!st.src) { status(msg, "type a sentence first", true); return; }
+    setExample({ src: st.src, model: st.model });
     status(msg, "aligning…");
     await work.run(async (signal) => {
       const body = { model: st.model, source: st.src };
@@ -75,8 +80,8 @@ function mount(root, ctx, params) {
   };
   view.unmount = () => work.abort();
   view.run = run;
-  if (st.src) run();
+  if (st.src) view.first = run();
   return view;
 }
 
-export default { id: ID, title: "RNNsearch", mount };
+export default { id: ID, title: "RNNsearch", mount, needs: NEEDS };

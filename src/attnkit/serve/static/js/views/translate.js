@@ -6,24 +6,27 @@ import { axes, attentionJSON, fetchAttention } from "../attention.js";
 import { HeadView } from "../headview.js";
 import { Mat, pick } from "../mat.js";
 import { MatrixView } from "../matrix.js";
-import { num, writeHash } from "../state.js";
+import { example, num, pickModel, setExample, writeHash } from "../state.js";
 import { h, header, headOptions, job, labeled, layerOptions, modelSelect, noModel, pretty, select, status, tokenChips }
   from "../ui.js";
 
 const ID = "translate";
+const NEEDS = { what: "translation model", capability: "translate", has: (m) => m.capabilities.has("translate"),
+  start: "a Transformer, convolutional-encoder Transformer, RNN encoder-decoder or RNNsearch translation checkpoint" };
 
 function mount(root, ctx, params) {
-  const models = ctx.modelsFor((m) => m.capabilities.has("translate"));
+  const models = ctx.modelsFor(NEEDS.has);
   const view = { id: ID };
   header(root, { title: "Translate", view, svg: true,
     lead: "Type a sentence: the translation appears token by token while the cross-attention fills in, one row per "
       + "output token. Hover a word (in the matrix, the head view or the output) to see what it attends to; click it to "
       + "keep its links." });
-  if (!models.length) { noModel(root, "translate"); return view; }
+  if (!models.length) { noModel(root, NEEDS); return view; }
 
+  // a link's sentence, else the example the views share (the last one run in any view, or the first on load)
   const st = {
-    model: params.model && models.some((m) => m.name === params.model) ? params.model : models[0].name,
-    src: params.src ?? "", beam: num(params.beam, 4), lp: num(params.lp, 1), nbest: num(params.nbest, 4),
+    model: pickModel(models, params.model, example.model),
+    src: params.src ?? example.src, beam: num(params.beam, 4), lp: num(params.lp, 1), nbest: num(params.nbest, 4),
     layer: num(params.layer, -1), head: params.head ?? "avg", word: num(params.word, -1),
   };
   let att = null, sourceTokens = null, streamRows = null, outTokens = [], beams = [], steps = [], result = null;
@@ -187,6 +190,7 @@ function mount(root, ctx, params) {
     st.nbest = Math.min(st.beam, Math.max(1, num(nbestInput.value, 1)));
     save();
     if (!st.src) { status(msg, "type a sentence first", true); return; }
+    setExample({ src: st.src, model: st.model });
     await work.run(async (signal) => {
       att = null; sourceTokens = null; streamRows = null; outTokens = []; beams = []; steps = []; result = null;
       view.fills = [];
@@ -232,9 +236,9 @@ function mount(root, ctx, params) {
   };
   view.unmount = () => work.abort();
   view.run = run;
-  if (st.src) run(true);
+  if (st.src) view.first = run(true);
   else { srcInput.focus(); }
   return view;
 }
 
-export default { id: ID, title: "Translate", mount };
+export default { id: ID, title: "Translate", mount, needs: NEEDS };

@@ -1,0 +1,338 @@
+"""The OpenAPI document of one running server: what it answers, for the models it serves, with its limits.
+
+FastAPI's own document is derived from the request classes alone, so it cannot know that ``/v1/generate`` needs a
+language model, that a captioner's attention needs an image, how many layers a model has or what this server's
+limits are. This document is written from the served models and :class:`~attnkit.serve.Settings` instead:
+
+* Each request body is, per model that answers the endpoint, one object schema (``oneOf`` them when there are
+  several), its ``model`` field naming that model (optional for the model a request naming none gets); its
+  ranges are this server's (``maxItems``, ``maximum``) and that model's (heads to mask, learned positions).
+* Every status the endpoint can answer is declared, each error with the one-line ``Error`` schema; 200 with the
+  answer's schema (and ``text/event-stream`` where ``"stream": true`` is allowed).
+* What JSON Schema cannot say is in the descriptions and in ``x-`` keys a client can read: a text's token limit
+  (``x-max-tokens``, counted by the model's own tokenizer), and relations between fields (``x-rules``). Requests
+  that break them are answered with the status named there.
+"""
+
+from __future__ import annotations
+
+from attnkit.serve.compute import _positional as positional_of
+from attnkit.serve.compute import default_for, serves
+from attnkit.serve.settings import Settings
+
+ERROR = {"$ref": "#/components/schemas/Error"}
+NUMBER, INTEGER, STRING, BOOLEAN = {"type": "number"}, {"type": "integer"}, {"type": "string"}, {"type": "boolean"}
+
+STATUS_TEXT = {
+    400: "malformed body: not JSON, not an object, not UTF-8, an unreadable form or Content-Length",
+    401: "missing or wrong API key",
+    404: "no model of that name",
+    408: "the body did not arrive whole within the server's body timeout",
+    413: "too large: body bytes, texts per request, tokens per text, image bytes or pixels",
+    422: "a field of the wrong type or value, an unknown field, or a model that cannot do what was asked",
+    429: "the queue is full (see Retry-After)",
+    500: "an internal error (logged by the server)",
+    504: "no answer within the server's time limit",
+}
+GET_ERRORS = (400, 408, 413, 500)  # the guard in front of every path reads headers and bodies on GETs too
+POST_ERRORS = (400, 404, 408, 413, 422, 429, 500, 504)
+
+
+def _array(items, **bounds) -> dict:
+    return {"type": "array", "items": items, **bounds}
+
+
+def _obj(properties: dict, required=(), closed: bool = True, **more) -> dict:
+    out = {"type": "object", "properties": properties, "required": list(required), **more}
+    if closed:
+        out["additionalProperties"] = False
+    return out
+
+
+def _nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _text(description: str, tokens: int | None) -> dict:
+    out = {"type": "string", "description": description}
+    if tokens is not None:
+        out["description"] += f" (at most {tokens} tokens of the model's tokenizer; more: 413)"
+        out["x-max-tokens"] = tokens
+    return out
+
+
+# --- what the models can take
+
+
+def _heads(model) -> dict:
+    """{kind: (layers, heads)} of the model's multi-head attentions (the ones ``mask_heads`` can silence)."""
+    return {kind: (len(layers), layers[0].n_heads) for kind, layers in model.attention_modules().items() if layers}
+
+
+def _mask_heads(model) -> dict:
+    kinds = _heads(model)
+    if not kinds:
+        return _array({}, maxItems=0, description=f"a {model.family} model has no multi-head attention to mask")
+    entries = [{"type": "array", "prefixItems": [{"const": kind}, {"type": "integer", "minimum": 0,
+                                                                      "maximum": layers - 1},
+                                                  {"type": "integer", "minimum": 0, "maximum": heads - 1}],
+                "minItems": 3, "maxItems": 3} for kind, (layers, heads) in kinds.items()]
+    return _array(entries[0] if len(entries) == 1 else {"oneOf": entries},
+                  description="[[kind, layer, head], ...]: " + ", ".join(
+                      f'"{k}": {n} layers x {h} heads' for k, (n, h) in kinds.items()) + " (from 0)")
+
+
+def _mask_source(model) -> dict:
+    if model.family in ("transformer_lm", "show_attend_tell", "rnn_encdec"):
+        return _array(INTEGER, maxItems=0, description=f"a {model.family} model cannot hide source tokens")
+    if "caption" in model.capabilities:
+        from attnkit.serve.compute import _grid
+
+        h, w = _grid(model)
+        return _array({"type": "integer", "minimum": 0, "maximum": h * w - 1},
+                      description=f"grid cells to hide (row-major, {h} x {w})")
+    return _array({"type": "integer", "minimum": 0}, description="source positions to hide, EOS included",
+                  **{"x-rules": ["each position < the source's tokens, EOS included (else 422)"]})
+
+
+def _positional_sides(model) -> list[str]:
+    return [side for side in ("source", "target") if positional_of(model, side) is not None]
+
+
+# --- request bodies, one branch per model
+
+
+def _branch(m, default: str, properties: dict, required=(), **more) -> dict:
+    """The body for model ``m``; ``default``: the model a body naming none gets at this endpoint."""
+    names = [m.name, None] if m.name == default else [m.name]
+    model = {"type": ["string", "null"] if m.name == default else "string", "enum": names,
+             "description": "a name from GET /v1/models" + (" (the default here)" if m.name == default else "")}
+    if m.name != default:
+        required = [*required, "model"]
+    return _obj({"model": model, **properties}, required, title=f"{m.name} ({m.model.family})", **more)
+
+
+def _one_of(branches: list[dict]) -> dict:
+    return branches[0] if len(branches) == 1 else {"oneOf": branches}
+
+
+def _translate(m, default: str, s: Settings) -> dict:
+    from attnkit.serve.compute import source_token_limit
+
+    beam = m.model.config.decode.beam_size
+    return _branch(m, default, {
+        "sentences": _array(_text("a source sentence", source_token_limit(m, s)), minItems=1,
+                            maxItems=s.max_sentences),
+        "beam": _nullable({"type": "integer", "minimum": 1, "maximum": s.max_beam,
+                           "description": f"1 is greedy (default: the checkpoint's, {beam})"}),
+        "len_penalty": _nullable({"type": "number", "minimum": 0, "maximum": 10}),
+        "n_best": {"type": "integer", "minimum": 1, "maximum": s.max_beam, "default": 1,
+                   "description": "hypotheses per sentence, at most the beam"},
+        "attention": {**BOOLEAN, "default": False}, "stream": {**BOOLEAN, "default": False},
+    }, ["sentences"], **{"x-rules": [f"n_best <= beam (the default beam is {beam}; else 422)"]})
+
+
+def _generate(m, default: str, s: Settings) -> dict:
+    from attnkit.serve.compute import prompt_token_limit
+
+    return _branch(m, default, {
+        "prompt": {**_text("the text to continue", prompt_token_limit(m, s)), "default": ""},
+        "max_tokens": {"type": "integer", "minimum": 0, "maximum": s.max_new_tokens, "default": 100},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 100, "default": 1.0, "description": "0: greedy"},
+        "top_k": {"type": "integer", "minimum": 0, "default": 0, "description": "0: all tokens"},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1.0},
+        "seed": _nullable({"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
+        "stream": {**BOOLEAN, "default": False}, "attention": {**BOOLEAN, "default": False},
+        "top": {"type": "integer", "minimum": 0, "maximum": 50, "default": 0},
+    })
+
+
+def _attention(m, default: str, s: Settings) -> dict:
+    from attnkit.serve.compute import prompt_token_limit, source_token_limit
+
+    model = m.model
+    common = {"mask_heads": _mask_heads(model), "mask_source": _mask_source(model),
+              "precision": {"type": "integer", "minimum": 1, "maximum": 8, "default": 4}}
+    if "caption" in model.capabilities:
+        image = {"type": "string", "format": "byte",
+                 "description": f"the image file (PNG, JPEG, ...), base64; at most {s.max_image_bytes} bytes and "
+                                f"{s.max_image_pixels} pixels (more: 413)"}
+        return _branch(m, default, {"image": image, "source": {"type": "null"},
+                                    "target": _nullable(_text("a caption (null: the model's own)", None)), **common},
+                       ["image"])
+    if model.family == "transformer_lm":
+        text = _text("the text", prompt_token_limit(m, s))
+        return _branch(m, default, {"source": text, "image": {"type": "null"},
+                                    "target": _nullable({**text, "description": "read instead of source"}),
+                                    **common}, ["source"])
+    limit = source_token_limit(m, s)
+    return _branch(m, default, {"source": _text("the source sentence", limit), "image": {"type": "null"},
+                                "target": _nullable(_text("a translation (null: the model's own)", None)),
+                                **common}, ["source"])
+
+
+def _score(m, default: str, s: Settings) -> dict:
+    from attnkit.serve.compute import prompt_token_limit, source_token_limit
+
+    if m.model.family == "transformer_lm":
+        return _branch(m, default, {
+            "sources": {"type": "null"},
+            "targets": _array(_text("a text", prompt_token_limit(m, s)), minItems=1, maxItems=s.max_sentences)},
+            ["targets"])
+    return _branch(m, default, {
+        "sources": _array(_text("a source sentence", source_token_limit(m, s)), minItems=1,
+                          maxItems=s.max_sentences),
+        "targets": _array(STRING, minItems=1, maxItems=s.max_sentences)},
+        ["sources", "targets"], **{"x-rules": ["as many sources as targets (else 422)"]})
+
+
+def _positional(m, default: str, s: Settings) -> dict:
+    from attnkit.serve.compute import _max_positions
+
+    learned = _max_positions(m.model)
+    sides = _positional_sides(m.model)
+    return _branch(m, default, {
+        "positions": {"type": "integer", "minimum": 1, "maximum": min(2048, learned or 2048), "default": 50},
+        "side": {"enum": sides, "default": "source"} if "source" in sides else {"enum": sides}},
+        [] if "source" in sides else ["side"])
+
+
+BODIES = {"/v1/translate": _translate, "/v1/generate": _generate, "/v1/attention": _attention,
+          "/v1/score": _score, "/v1/positional": _positional}
+
+
+# --- answers
+
+
+def _answers() -> dict:
+    """The 200 answers' schemas (the contract in :mod:`attnkit.serve.app`'s docstring)."""
+    words = _array(STRING)
+    matrix = _array(_array(NUMBER))
+    maps = _array(_array(matrix))  # [layer][head][query][key]
+    grid = _array(INTEGER, minItems=2, maxItems=2)
+    return {
+        "Error": _obj({"error": {"type": "string", "pattern": r"^[^\n]*$",
+                                 "description": "one line: '<field>: <what is wrong>'"}}, ["error"]),
+        "Health": _obj({"status": {"const": "ok"}, "models": words, "queue": {"type": "integer", "minimum": 0},
+                        "in_flight": {"type": "integer", "minimum": 0}, "uptime_s": NUMBER},
+                       ["status", "models", "queue", "in_flight", "uptime_s"]),
+        "Models": _obj({"models": _array(_obj({
+            "name": STRING, "family": STRING, "default": BOOLEAN, "capabilities": words, "path": STRING,
+            "decode": _obj({"beam": INTEGER, "len_penalty": NUMBER, "max_len_a": NUMBER, "max_len_b": NUMBER,
+                            "max_caption_len": INTEGER}, ["beam", "len_penalty", "max_len_a", "max_len_b"]),
+            "attention": {"type": "object", "additionalProperties": _obj({"layers": INTEGER, "heads": INTEGER},
+                                                                         ["layers", "heads"])},
+            "grid": _nullable(grid), "positional": _nullable(STRING), "max_positions": _nullable(INTEGER),
+            "example": _nullable(STRING)},
+            ["name", "family", "default", "capabilities", "path", "decode", "attention", "grid", "positional",
+             "max_positions", "example"]))}, ["models"]),
+        "Translation": _obj({
+            "model": STRING, "translations": words, "scores": _array(NUMBER),
+            "hypotheses": _array(_array(_obj({"text": STRING, "score": NUMBER}, ["text", "score"]))),
+            "attention": _array(_obj({"source": words, "target": words, "weights": matrix},
+                                     ["source", "target", "weights"]))}, ["model", "translations", "scores"]),
+        "Generation": _obj({
+            "model": STRING, "text": STRING, "completion": STRING, "tokens": words, "score": NUMBER,
+            "steps": _array(_obj({"token": STRING, "top": _array(
+                _array({"type": ["string", "number"]}, minItems=3, maxItems=3,
+                       description="[piece, model probability, sampling probability]"))},
+                ["token", "top"]))}, ["model", "text", "completion", "tokens", "score"]),
+        "Caption": _obj({"model": STRING, "caption": STRING, "words": words, "score": NUMBER, "grid": grid,
+                         "attention": matrix}, ["model", "caption", "words", "score", "grid"]),
+        "Attention": _obj({
+            "model": STRING, "family": STRING, "source": words, "target": words, "output": STRING,
+            "score": NUMBER, "encoder": maps, "decoder": maps, "cross": maps, "grid": _nullable(grid),
+            "masked": _obj({"heads": _array(_array({"type": ["string", "integer"]}, minItems=3, maxItems=3,
+                                                   description="[kind, layer, head]")), "source": _array(INTEGER)},
+                           ["heads", "source"])},
+            ["model", "family", "source", "target", "output", "score", "encoder", "decoder", "cross", "grid",
+             "masked"]),
+        "Scores": _obj({"model": STRING, "scores": _array(NUMBER)}, ["model", "scores"]),
+        "Positional": _obj({"model": STRING, "kind": _nullable(STRING), "d_model": INTEGER, "matrix": matrix,
+                            "dot": matrix}, ["model", "kind", "d_model", "matrix", "dot"]),
+    }
+
+
+def _responses(statuses, answer: str | None = None, streams: bool = False, text: bool = False,
+               retry: bool = False) -> dict:
+    ok = {"text/plain": {"schema": STRING}} if text else {"application/json": {"schema": {
+        "$ref": f"#/components/schemas/{answer}"}}}
+    if streams:
+        ok["text/event-stream"] = {"schema": _obj({
+            "event": {"enum": ["step", "done", "error"]},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "description": "one line of JSON: a step; done: the answer as without stream; error: "
+                                    '{"error": ..., "status": ...}'}}, ["event", "data"], closed=False,
+            description="each event; step*, then done or error")}
+    out = {"200": {"description": "the answer" + (" (text/event-stream when stream is true)" if streams else ""),
+                   "content": ok}}
+    for status in sorted(statuses):
+        response = {"description": STATUS_TEXT[status], "content": {"application/json": {"schema": ERROR}}}
+        if status == 429 and retry:
+            response["headers"] = {"Retry-After": {"schema": INTEGER, "description": "seconds"}}
+        if status == 401:
+            response["headers"] = {"WWW-Authenticate": {"schema": STRING}}
+        out[str(status)] = response
+    return out
+
+
+# --- the document
+
+
+def openapi_document(served: dict, default: str, settings: Settings, version: str) -> dict:
+    """The document ``GET /openapi.json`` answers: ``served`` {name: ServedModel}, ``default`` the default's name."""
+    keyed = bool(settings.api_key)
+    extra = (401,) if keyed else ()
+    security = [{"bearer": []}, {"apiKey": []}] if keyed else None
+    paths: dict = {}
+
+    def operation(summary: str, responses: dict, body: dict | None = None, secured: bool = True) -> dict:
+        op = {"summary": summary, "operationId": summary.lower().replace(" ", "_"), "responses": responses}
+        if body is not None:
+            op["requestBody"] = body
+        if secured and security:
+            op["security"] = security
+        return op
+
+    paths["/health"] = {"get": operation("Health", _responses(GET_ERRORS, "Health"), secured=False)}
+    paths["/v1/models"] = {"get": operation("Models", _responses(GET_ERRORS + extra, "Models"))}
+    paths["/metrics"] = {"get": operation("Metrics", _responses(GET_ERRORS + extra, text=True))}
+    answers = {"/v1/translate": "Translation", "/v1/generate": "Generation", "/v1/attention": "Attention",
+               "/v1/score": "Scores", "/v1/positional": "Positional"}
+    for path, build in BODIES.items():
+        models = [m for m in served.values() if serves(m, path)]
+        if not models:
+            continue
+        first = default_for(served, default, path)
+        schema = _one_of([build(m, first, settings) for m in models])
+        body = {"required": True, "content": {"application/json": {"schema": schema}}}
+        streams = path in ("/v1/translate", "/v1/generate")
+        paths[path] = {"post": operation(path.rsplit("/", 1)[1].capitalize(),
+                                         _responses(POST_ERRORS + extra, answers[path], streams, retry=True), body)}
+    captioners = [m.name for m in served.values() if serves(m, "/v1/caption")]
+    if captioners:
+        first = default_for(served, default, "/v1/caption")
+        form = _obj({
+            "image": {"type": "string", "format": "binary", "description": f"the image file (PNG, JPEG, ...); at "
+                      f"most {settings.max_image_bytes} bytes and {settings.max_image_pixels} pixels (more: 413)"},
+            "model": {"type": "string", "enum": [*captioners, ""],
+                      "description": f"a captioner (empty or absent: {first})"},
+            "beam": {"type": "integer", "minimum": 1, "maximum": settings.max_beam},
+            "attention": {"type": "boolean", "default": True}}, ["image"])
+        body = {"required": True, "content": {"multipart/form-data": {
+            "schema": form, "encoding": {"image": {"contentType": "image/*"}}}}}
+        paths["/v1/caption"] = {"post": operation("Caption", _responses(POST_ERRORS + extra, "Caption", retry=True),
+                                                  body)}
+    document = {
+        "openapi": "3.1.0",
+        "info": {"title": "attnkit serve", "version": version,
+                 "description": "Trained attnkit models over HTTP; the attention explorer at /. Errors are one line "
+                                "of JSON naming the field. Contract: the docstring of attnkit.serve.app."},
+        "paths": paths,
+        "components": {"schemas": _answers()},
+    }
+    if keyed:
+        document["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}
+    return document
