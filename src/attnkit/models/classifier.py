@@ -1,0 +1,316 @@
+"""Fine-tuning BERT on your own task: a sequence classifier or regressor over :class:`BertEncoder`.
+
+The last step of the lectures: pretrain, then fine-tune. Devlin et al. (2019, section 3 and figure 4) put
+one linear layer over a representation of the whole input and train everything on the task's loss:
+
+    cls:   h = tanh(W_p h_[CLS] + b_p)                   BERT's pooler over the final [CLS] state
+    mean:  u = sum_t m_t h_t / sum_t m_t                   sentence-transformers' mean over real tokens
+    logits z = W dropout(h or u) + b                       [B, n_labels]
+
+``pooling="cls"`` is exactly Hugging Face's ``BertForSequenceClassification``; ``pooling="mean"`` is the
+representation all-MiniLM-L6-v2 was trained for (Reimers & Gurevych 2019). Classification trains on the
+cross-entropy (optionally class-weighted), regression (``n_labels == 1``) on the squared error.
+
+A single sentence is ``[CLS] a [SEP]`` (token types all 0); a pair is ``[CLS] a [SEP] b [SEP]``, types 0 over
+``[CLS] a [SEP]`` and 1 over ``b [SEP]``. :func:`encode_sentences` builds either with attnkit's WordPiece
+tokenizer and pads each batch only to its own longest row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import Tensor, nn
+
+from attnkit.errors import AttnkitError
+from attnkit.models.bert import BertEncoder, load_bert, minilm_dir
+from attnkit.models.contract import AttentionMaps, ModelOutput
+
+if TYPE_CHECKING:  # models sit below data (docs/architecture.md): the tokenizer is passed in, never imported
+    from attnkit.data.wordpiece import WordPiece
+
+POOLINGS = ("cls", "mean")
+PROBLEMS = ("classification", "regression")
+REDUCTIONS = ("sum", "mean")
+
+# --- the formulas
+
+
+def cls_pooling(states: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """BERT's pooler: ``h = tanh(W_p h_[CLS] + b_p)``, the final state of the first token through a dense layer.
+
+    states [B, T, d], weight W_p [d, d], bias b_p [d] -> h [B, d].
+    """
+    return torch.tanh(F.linear(states[:, 0], weight, bias))
+
+
+def mean_pooling(states: Tensor, padding_mask: Tensor | None) -> Tensor:
+    """Mean over real tokens ([CLS] and [SEP] included): ``u = sum_t m_t h_t / max(sum_t m_t, 1e-9)``, m_t = 1 for
+    a real token, 0 for padding (sentence-transformers' pooling, without its final normalisation).
+
+    states [B, T, d], padding_mask [B, T] (True = pad; None = no padding) -> u [B, d].
+    """
+    if padding_mask is None:
+        return states.mean(1)
+    m = (~padding_mask).unsqueeze(-1).to(states.dtype)
+    return (states * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+def classification_loss(logits: Tensor, targets: Tensor, class_weights: Tensor | None = None,
+                        reduction: str = "sum") -> Tensor:
+    """Cross-entropy ``l_i = -w_{y_i} log softmax(z_i)_{y_i}`` (w = 1 without class weights), summed over the
+    batch, or averaged as torch does: ``sum_i l_i / sum_i w_{y_i}``.
+
+    logits z [B, C], targets y [B] (class ids), class_weights w [C] -> a scalar.
+    """
+    weight = None if class_weights is None else class_weights.float()
+    return F.cross_entropy(logits.float(), targets, weight=weight, reduction=reduction)
+
+
+def regression_loss(predictions: Tensor, targets: Tensor, reduction: str = "sum") -> Tensor:
+    """Squared error ``l_i = (z_i - y_i)^2``, summed over the batch, or averaged (MSE).
+
+    predictions z [B], targets y [B] -> a scalar.
+    """
+    return F.mse_loss(predictions.float(), targets.float(), reduction=reduction)
+
+
+# --- inputs: single sentences and pairs, padded to the batch's longest
+
+
+@dataclass
+class SentenceBatch:
+    """A batch for :class:`SequenceClassifier`: tokens [B, T] (``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``,
+    then [PAD]), token_types [B, T] (0 sentence A, 1 sentence B, 0 at padding), padding_mask [B, T] (True = pad).
+    T is the longest row of this batch."""
+
+    tokens: Tensor
+    token_types: Tensor
+    padding_mask: Tensor
+
+    def to(self, device: torch.device | str) -> SentenceBatch:
+        return SentenceBatch(self.tokens.to(device), self.token_types.to(device), self.padding_mask.to(device))
+
+    def __len__(self) -> int:
+        return self.tokens.size(0)
+
+
+def truncate_pair(first: list[int], second: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """Hugging Face's "longest_first" cut of a pair to ``budget`` pieces (its fast tokenizer's): a shorter side
+    that fits in half the budget is kept whole and the longer side (the second on a tie) takes the rest;
+    otherwise the shorter side keeps half, rounded down, and the longer side the rest. Pieces are cut from the
+    end."""
+    if len(first) + len(second) <= budget:
+        return first, second
+    swap = len(first) <= len(second)
+    longer, shorter = (second, first) if swap else (first, second)
+    n_short = min(len(shorter), budget // 2)
+    longer, shorter = longer[: budget - n_short], shorter[:n_short]
+    return (shorter, longer) if swap else (longer, shorter)
+
+
+def encode_example(tokenizer: WordPiece, first: str, second: str | None = None) -> tuple[list[int], list[int]]:
+    """One input as (ids, token types): ``[CLS] a [SEP]`` with types 0, or ``[CLS] a [SEP] b [SEP]`` with types
+    0 up to the first [SEP] and 1 after it. Cut to ``tokenizer.max_len`` pieces in all (a pair: longest first)."""
+    a = [tokenizer.stoi.get(p, tokenizer.unk_id) for p in tokenizer.pieces(first)]
+    if second is None:
+        ids = [tokenizer.cls_id, *a[: tokenizer.max_len - 2], tokenizer.sep_id]
+        return ids, [0] * len(ids)
+    b = [tokenizer.stoi.get(p, tokenizer.unk_id) for p in tokenizer.pieces(second)]
+    a, b = truncate_pair(a, b, tokenizer.max_len - 3)
+    ids = [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id]
+    return ids, [0] * (len(a) + 2) + [1] * (len(b) + 1)
+
+
+def collate_sentences(examples: Sequence[tuple[list[int], list[int]]], pad_id: int = 0) -> SentenceBatch:
+    """Examples from :func:`encode_example` -> one :class:`SentenceBatch`, padded to its longest example only
+    (dynamic padding: a batch of short sentences stays short)."""
+    if not examples:
+        raise AttnkitError("no sentences to batch")
+    width = max(len(ids) for ids, _ in examples)
+    tokens = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    types = torch.zeros_like(tokens)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    for row, (ids, typ) in enumerate(examples):
+        tokens[row, : len(ids)] = torch.tensor(ids)
+        types[row, : len(typ)] = torch.tensor(typ)
+        mask[row, : len(ids)] = False
+    return SentenceBatch(tokens, types, mask)
+
+
+def encode_sentences(tokenizer: WordPiece, first: Sequence[str], second: Sequence[str] | None = None) -> SentenceBatch:
+    """Single sentences (``second`` None) or sentence pairs (``first[i]``, ``second[i]``) -> a padded batch."""
+    if second is not None and len(second) != len(first):
+        raise AttnkitError(f"{len(first)} first sentences but {len(second)} second sentences")
+    pairs = [None] * len(first) if second is None else second
+    return collate_sentences([encode_example(tokenizer, a, b) for a, b in zip(first, pairs)], tokenizer.pad_id)
+
+
+# --- the model
+
+
+class SequenceClassifier(nn.Module):
+    """BERT, a pooled representation, dropout and one linear layer: a classifier over ``labels`` or, with
+    ``problem="regression"``, one real-valued score.
+
+    Parameters: ``encoder`` (a :class:`BertEncoder`), ``pooler`` (W_p, b_p; only with ``pooling="cls"``) and
+    ``classifier`` (W [n_labels, d], b), the names of Hugging Face's ``BertForSequenceClassification``.
+    ``class_weights`` (classification only) weigh each class's cross-entropy; they are a training setting,
+    not saved with the weights.
+    """
+
+    family: ClassVar[str] = "bert-classifier"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"classify", "attention"})
+
+    def __init__(self, encoder: BertEncoder, n_labels: int, pooling: str = "cls", dropout: float = 0.1,
+                 problem: str = "classification", labels: Sequence[str] | None = None,
+                 class_weights: Sequence[float] | Tensor | None = None):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise AttnkitError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
+        if problem not in PROBLEMS:
+            raise AttnkitError(f"problem {problem!r}: expected one of {', '.join(PROBLEMS)}")
+        if problem == "regression" and n_labels != 1:
+            raise AttnkitError(f"regression predicts one score: n_labels must be 1, not {n_labels}")
+        if problem == "classification" and n_labels < 2:
+            raise AttnkitError(f"classification needs at least 2 labels, not {n_labels}")
+        if labels is None:
+            labels = ["score"] if problem == "regression" else [f"LABEL_{i}" for i in range(n_labels)]
+        labels = [str(name) for name in labels]
+        if len(labels) != n_labels or len(set(labels)) != n_labels:
+            raise AttnkitError(f"labels {labels}: expected {n_labels} different names")
+        self.encoder = encoder
+        self.n_labels, self.pooling, self.problem, self.labels = n_labels, pooling, problem, tuple(labels)
+        d = encoder.cfg.d_model
+        self.pooler = nn.Linear(d, d) if pooling == "cls" else None
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(d, n_labels)
+        if class_weights is not None:
+            if problem == "regression":
+                raise AttnkitError("class_weights are for classification, not regression")
+            class_weights = torch.as_tensor(class_weights, dtype=torch.float32)
+            if class_weights.shape != (n_labels,):
+                raise AttnkitError(f"class_weights: expected {n_labels} weights, "
+                                   f"got shape {tuple(class_weights.shape)}")
+        self.register_buffer("class_weights", class_weights, persistent=False)
+        self.pooler_pretrained = False  # load_pretrained_classifier: W_p, b_p came from the checkpoint
+
+    def head_config(self) -> dict:
+        """What rebuilds this model's head around an encoder (JSON-ready, for a checkpoint's metadata)."""
+        return {"n_labels": self.n_labels, "pooling": self.pooling, "dropout": self.dropout.p,
+                "problem": self.problem, "labels": list(self.labels)}
+
+    def encode_targets(self, values: Sequence[str | int | float]) -> Tensor:
+        """Targets for ``forward``: classification takes label names or class ids -> class ids [B] (long);
+        regression takes numbers -> [B] (float32)."""
+        if self.problem == "regression":
+            return torch.tensor([float(v) for v in values], dtype=torch.float32)
+        index = {name: i for i, name in enumerate(self.labels)}
+        ids = []
+        for v in values:
+            if isinstance(v, str):
+                if v not in index:
+                    raise AttnkitError(f"label {v!r} is not one of {', '.join(self.labels)}")
+                ids.append(index[v])
+            elif int(v) == v and 0 <= int(v) < self.n_labels:
+                ids.append(int(v))
+            else:
+                raise AttnkitError(f"class id {v} is not one of 0..{self.n_labels - 1}")
+        return torch.tensor(ids, dtype=torch.long)
+
+    def pool(self, states: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Final states [B, T, d] -> the representation the head reads [B, d] (before dropout)."""
+        if self.pooler is not None:
+            return cls_pooling(states, self.pooler.weight, self.pooler.bias)
+        return mean_pooling(states, padding_mask)
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None,
+                targets: Tensor | None = None, need_weights: bool = False, reduction: str = "sum") -> ModelOutput:
+        """tokens [B, T], padding_mask [B, T] (True = pad; None = no padding), token_types [B, T] (None = all 0)
+        -> ModelOutput(logits [B, n_labels], attention, and with targets the loss and nll).
+
+        ``targets``: class ids [B] (long) for classification, scores [B] (float) for regression; see
+        :meth:`encode_targets`. ``loss`` is summed over the batch, as the model contract and attnkit's Trainer want
+        (``reduction="mean"`` averages instead, as torch and Hugging Face do); it carries the class weights.
+        ``nll`` is the same reduction without class weights and without gradient: the unweighted cross-entropy,
+        or for regression the squared error. ``attention.encoder``: each layer's self-attention [B, H, T, T]
+        when ``need_weights``.
+        """
+        if reduction not in REDUCTIONS:
+            raise AttnkitError(f"reduction {reduction!r}: expected one of {', '.join(REDUCTIONS)}")
+        if need_weights:
+            states, weights = self.encoder(tokens, padding_mask, token_types, need_weights=True)
+        else:
+            states, weights = self.encoder(tokens, padding_mask, token_types), []
+        logits = self.classifier(self.dropout(self.pool(states, padding_mask)))
+        attention = AttentionMaps(encoder=weights) if need_weights else None
+        if targets is None:
+            return ModelOutput(logits=logits, attention=attention)
+        if self.problem == "regression":
+            loss = regression_loss(logits[:, 0], targets.reshape(-1), reduction)
+            return ModelOutput(loss=loss, nll=loss.detach(), logits=logits, attention=attention)
+        targets = targets.reshape(-1)
+        loss = classification_loss(logits, targets, self.class_weights, reduction)
+        nll = loss.detach() if self.class_weights is None else classification_loss(logits.detach(), targets,
+                                                                                    None, reduction)
+        return ModelOutput(loss=loss, nll=nll, logits=logits, attention=attention)
+
+
+# --- from pretrained weights
+
+
+def init_head(linear: nn.Linear, std: float = 0.02, generator: torch.Generator | None = None) -> nn.Linear:
+    """Hugging Face's initialisation of a new layer over BERT: weights ~ N(0, std^2) (``initializer_range``),
+    bias 0."""
+    with torch.no_grad():
+        linear.weight.normal_(0.0, std, generator=generator)
+        linear.bias.zero_()
+    return linear
+
+
+def _pretrained_pooler(file: Path) -> tuple[Tensor, Tensor] | None:
+    """The pooler's dense layer (W_p, b_p) from a Hugging Face safetensors file, None when it has none."""
+    with safe_open(str(file), "pt") as f:
+        keys = set(f.keys())
+        for prefix in ("pooler.dense.", "bert.pooler.dense."):
+            if prefix + "weight" in keys and prefix + "bias" in keys:
+                return f.get_tensor(prefix + "weight"), f.get_tensor(prefix + "bias")
+    return None
+
+
+def load_pretrained_classifier(directory: str | Path | None = None, n_labels: int = 2, pooling: str = "cls",
+                               dropout: float = 0.1, problem: str = "classification",
+                               labels: Sequence[str] | None = None,
+                               class_weights: Sequence[float] | Tensor | None = None,
+                               seed: int | None = None) -> SequenceClassifier:
+    """A classifier over the pretrained BERT of a Hugging Face directory (default all-MiniLM-L6-v2), in eval mode
+    (call ``.train()`` to fine-tune).
+
+    The encoder and, with ``pooling="cls"``, BERT's pooler come from the checkpoint (a pooler it lacks is
+    initialised as new); the classifier is new: N(0, initializer_range^2) weights (0.02), zero bias. ``seed``
+    makes the new weights reproducible without touching torch's global generator.
+    """
+    directory = Path(directory) if directory is not None else minilm_dir()
+    encoder = load_bert(directory)  # checks the files and names what is wrong
+    hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    std = float(hf.get("initializer_range", 0.02))
+    model = SequenceClassifier(encoder, n_labels, pooling, dropout, problem, labels, class_weights)
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    init_head(model.classifier, std, generator)
+    if model.pooler is not None:
+        pretrained = _pretrained_pooler(directory / "model.safetensors")
+        if pretrained is None:
+            init_head(model.pooler, std, generator)
+        else:
+            with torch.no_grad():
+                model.pooler.weight.copy_(pretrained[0])
+                model.pooler.bias.copy_(pretrained[1])
+            model.pooler_pretrained = True
+    return model.eval()
