@@ -2,10 +2,12 @@
 # make serve  — attnkit serve on runs/multi30k_en_de, else on runs/demo (make demo first if missing); prints the URL
 # make test   — set up .venv, then run the test suite (make test-fast: the inner loop, under 2 minutes)
 # make browser — Debian's chromium and chromium-driver (apt-get, only when missing): the explorer's browser tests
+# make java — Debian's default-jre-headless (apt-get, only when missing): the COCO caption evaluation (pycocoevalcap)
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
 # make tatoeba-rnnencdec, tatoeba-rnnsearch, tatoeba-transformer — the same three on Tatoeba, long sentences held out
 # make by-length — BLEU against sentence length for the three systems on Multi30k and Tatoeba, JSON + plots
+# make results — docs/results.md's tables and the README's results table, written anew from bench/results/*.json
 # make complexity — attnkit bench complexity (RNN vs convolution vs self-attention; several minutes)
 # make tinyshakespeare, wikitext2 — the GPT recipes (30 and 60 training minutes), then their results JSON
 # make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
@@ -24,11 +26,11 @@ STAMP  := $(VENV)/.installed
 # Freshly mapped memory costs a page fault per 4 KiB on first touch, and a training step allocates the same large
 # tensors again and again: jemalloc (Debian libjemalloc2) when present, told never to hand freed pages back
 # (its default decay made a Multi30k training step 1.24x slower). Without it attnkit's CLI sets glibc the same way
-# (attnkit.memory).
+# (attnkit.fast.memory).
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
 
-.PHONY: serve demo test multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean wheel-check threads-demo browser screenshots
+.PHONY: serve demo test results multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean wheel-check threads-demo browser java screenshots
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,7 +52,7 @@ serve: $(STAMP)
 	$(RUN) exec $(VENV)/bin/attnkit serve $$run --port $(SERVE_PORT)
 
 # two pytest workers (one torch thread each), the longest tests taken first as workers free up
-test: $(STAMP) wheel-check browser
+test: $(STAMP) wheel-check browser java
 	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal
 
 # the README's pictures of the explorer (docs/figures/explorer_*.png), taken by its browser tests
@@ -72,6 +74,17 @@ browser:
 	$(APT) install -y -q chromium chromium-driver > /dev/null 2>&1 \
 		|| { $(APT) update -q > /dev/null && $(APT) install -y -q chromium chromium-driver > /dev/null; } \
 		|| echo "make browser: apt-get could not install chromium (the browser tests are skipped without it)"
+
+# the COCO caption evaluation (pycocoevalcap's PTB tokenizer and METEOR, in tests/test_metrics.py and make flickr8k)
+# runs on Java; without `java` after this target those tests are skipped, not failed
+java:
+	@if command -v java > /dev/null; then exit 0; fi; \
+	if ! command -v apt-get > /dev/null; then echo "make java: no apt-get: install a Java runtime yourself \
+	(the COCO caption tests are skipped without it)"; exit 0; fi; \
+	echo "make java: installing default-jre-headless with apt-get"; \
+	$(APT) install -y -q default-jre-headless > /dev/null 2>&1 \
+		|| { $(APT) update -q > /dev/null && $(APT) install -y -q default-jre-headless > /dev/null; } \
+		|| echo "make java: apt-get could not install default-jre-headless (the COCO caption tests are skipped without it)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
@@ -100,11 +113,15 @@ by-length: $(STAMP)
 	$(RUN) $(PY) bench/bleu_by_length.py --data multi30k $(call BY_LENGTH_SYSTEMS,multi30k,) --out bench/results/bleu_by_length_multi30k.json
 	$(RUN) $(PY) bench/bleu_by_length.py --data tatoeba $(call BY_LENGTH_SYSTEMS,tatoeba,_transformer) --out bench/results/bleu_by_length_tatoeba.json
 
+# the standard library only (no venv needed); tests/test_docs.py runs it with --check
+results:
+	python3 bench/results.py
+
 complexity: $(STAMP)
 	$(VENV)/bin/attnkit bench complexity
 
 FLICKR8K_TRAIN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/flickr8k_sat.toml --run-dir runs/flickr8k_sat
-flickr8k: $(STAMP)
+flickr8k: $(STAMP) java
 	mkdir -p runs/flickr8k_sat && date +%s > runs/flickr8k_sat/started
 	$(RUN) $(PY) bench/extract_flickr8k_features.py --cache-dir runs/features --threads 2
 	date +%s > runs/flickr8k_sat/extracted

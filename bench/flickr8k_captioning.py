@@ -1,6 +1,8 @@
 """Score a finished Flickr8k captioning run on the dev split and write bench/results/<name>.json.
 
-Corpus BLEU-1..4 of beam-searched captions against all 5 references of each dev image.
+Corpus BLEU-1..4 of beam-searched captions against all 5 references of each dev image (attnkit's words, equal
+to NLTK's corpus_bleu), and beside it the COCO caption evaluation that Show, Attend and Tell's tables report
+(pycocoevalcap: its PTB tokenizer, BLEU-1..4, METEOR, ROUGE-L, CIDEr; Java from ``make java``).
 Wall-clock minutes count everything the train command did, feature extraction included
 (``started``/``finished`` stamps around it, written by ``make flickr8k``).
 
@@ -13,14 +15,26 @@ import argparse
 import json
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 from attnkit.checkpoint import load_checkpoint
 from attnkit.data import read_flickr8k, words
 from attnkit.decode import caption
-from attnkit.evaluate import caption_bleu
+from attnkit.evaluate import caption_bleu, coco_caption_scores
 from attnkit.evaluate.results import write_results
 from attnkit.train.tasks import load_grids
+
+
+def caption_scores(captions: list[str], references: list[list[str]]) -> dict:
+    """Captions (one per image) against each image's references as written -> BLEU-1..4 of attnkit's words
+    (``bleu1``..``bleu4``) and the COCO caption evaluation (``coco``: bleu1..4, meteor, rouge_l, cider), all 0-100."""
+    word_refs = [[" ".join(words(c)) for c in caps] for caps in references]
+    return {**caption_bleu(captions, word_refs), "coco": coco_caption_scores(captions, references)}
+
+
+def rounded(scores: dict) -> dict:
+    return {k: rounded(v) if isinstance(v, dict) else round(v, 2) for k, v in scores.items()}
 
 
 def main() -> int:
@@ -44,9 +58,11 @@ def main() -> int:
         out = caption(model, vocab, grids, beam_size=args.beam, len_penalty=cfg.decode.len_penalty,
                       max_len=cfg.decode.max_caption_len)
         seconds = time.monotonic() - start
-        refs = [[" ".join(words(c)) for c in caps] for caps in dev.captions]
-        scores = caption_bleu([c.text[0] for c in out], refs)
-        print(which, " ".join(f"BLEU-{n} {scores[f'bleu{n}']:.2f}" for n in range(1, 5)), file=sys.stderr)
+        scores = caption_scores([c.text[0] for c in out], [list(caps) for caps in dev.captions])
+        coco = scores["coco"]
+        print(which, " ".join(f"BLEU-{n} {scores[f'bleu{n}']:.2f}" for n in range(1, 5)), "| COCO:",
+              " ".join(f"BLEU-{n} {coco[f'bleu{n}']:.2f}" for n in range(1, 5)),
+              f"METEOR {coco['meteor']:.2f} ROUGE-L {coco['rouge_l']:.2f} CIDEr {coco['cider']:.2f}", file=sys.stderr)
         (run / f"dev.captions.{which}.txt").write_text(
             "".join(f"{p.name}\t{c.text[0]}\n" for p, c in zip(dev.images, out)), encoding="utf-8")
         return cfg, path, scores, seconds
@@ -60,8 +76,7 @@ def main() -> int:
     for other in ("best", "last"):
         if other != which:
             _, other_path, other_scores, _ = score(other)
-            others[f"{other}_checkpoint"] = {"checkpoint": other_path.name,
-                                             **{k: round(v, 2) for k, v in other_scores.items()}}
+            others[f"{other}_checkpoint"] = {"checkpoint": other_path.name, **rounded(other_scores)}
     meta = json.loads((path / "meta.json").read_text())
 
     def minutes(a: str, b: str) -> float | None:
@@ -75,10 +90,12 @@ def main() -> int:
         command=f"python bench/extract_flickr8k_features.py --cache-dir runs/features --threads 2 && "
                 f"{args.train_command} && python bench/flickr8k_captioning.py --run-dir {args.run_dir} "
                 f"--beam {args.beam}" + (f" --checkpoint {args.checkpoint}" if args.checkpoint else ""),
-        metrics={**{k: round(v, 2) for k, v in scores.items()},
+        metrics={**rounded(scores),
                  "split": "Flickr8k dev (1000 images, 5 references each)",
                  "bleu_definition": "corpus BLEU, lowercased alphanumeric words, closest reference length, "
-                                    "sacrebleu tokenize=none (equals NLTK corpus_bleu; tested)"},
+                                    "sacrebleu tokenize=none (equals NLTK corpus_bleu; tested)",
+                 "coco_definition": f"pycocoevalcap {version('pycocoevalcap')}, as COCOEvalCap.evaluate: PTBTokenizer, "
+                                    "Bleu(4), Meteor (1.5), Rouge (ROUGE-L), Cider (CIDEr-D); x 100"},
         wall_minutes_including_feature_extraction=minutes("started", "finished"),
         feature_extraction_minutes=minutes("started", "extracted"),
         train_minutes=round(meta["progress"]["train_seconds"] / 60, 2), steps=meta["progress"]["step"],

@@ -1,7 +1,7 @@
 """Score a finished language-model run on its validation split and write bench/results/<name>.json.
 
 Validation loss (nats per token) and perplexity over every token of the split, and bits per character
-for a character model, of the checkpoint the run chose (``best`` by validation loss, or --checkpoint),
+(loss / ln 2) for a character model, of the checkpoint the run chose (``best`` by validation loss, or --checkpoint),
 with the validation curve against training minutes from the run's metrics.jsonl. The headline
 numbers cut the split into disjoint blocks, as validation during training does (a block's first
 tokens see little context); ``sliding_window`` scores each token once with at least ``window - stride``
@@ -57,7 +57,8 @@ def main() -> int:
     cfg = load_config(run / "config.toml")
     model, cfg, _, path = load_checkpoint(run / "checkpoints" / args.checkpoint)
     task = LanguageModelTask(cfg, run, args.data_dir)  # the run's own tokenizer, from run_dir
-    characters = cfg.data.format == "tinyshakespeare"
+    # bits per character where a token is a character (Tiny Shakespeare's own tokenizer; not a SentencePiece one)
+    characters = cfg.data.format == "tinyshakespeare" and cfg.data.lm_tokenizer == "corpus"
     batch_blocks = max(1, cfg.train.max_tokens // cfg.data.block_size)
     s = language_model_scores(model, task.blocks["valid"], batch_blocks, characters=characters)
     window = cfg.data.block_size
@@ -91,7 +92,8 @@ def main() -> int:
         train_minutes=round(progress["train_seconds"] / 60, 2),
         tokens_per_s=round(progress["train_tokens"] / max(progress["train_seconds"], 1e-9), 1),
         parameters=sum(p.numel() for p in model.parameters()), curve=curve(run),
-        split=("last 10% of the text (characters)" if characters else "WikiText-2 valid (words, <eos> per line)"),
+        split=("last 10% of the text" + (" (characters)" if characters else "") if cfg.data.format == "tinyshakespeare"
+               else "WikiText-2 valid (words, <eos> per line)"),
     )
     print(out)
     return 0

@@ -2,7 +2,8 @@
 (multi30k_en_de.json for the Transformer; multi30k_en_de_rnnsearch.json, ..._rnnencdec.json for the RNNs).
 
 The checkpoint is chosen on the validation set only (best vs. averaged, beam search),
-then scored once on the test set.
+then scored once on the test set: cased sacreBLEU and chrF with their signatures, and beside them the BLEU the
+papers print (lowercased, Moses-tokenised, as multi-bleu.perl; attnkit.evaluate.paper_bleu).
 
     python bench/multi30k_en_de.py --run-dir runs/multi30k_en_de --train-command "..."
 """
@@ -19,7 +20,7 @@ from attnkit.checkpoint import load_checkpoint
 from attnkit.config import load_config
 from attnkit.data import load_split
 from attnkit.decode import translate
-from attnkit.evaluate import bleu, bleu_by_length, chrf
+from attnkit.evaluate import bleu, bleu_by_length, chrf, paper_bleu
 from attnkit.evaluate.results import write_results
 from attnkit.train import read_metrics
 
@@ -67,7 +68,8 @@ def main() -> int:
     chosen = max(selection, key=lambda r: r["valid_bleu"])
     path = run / "checkpoints" / chosen["checkpoint"]
     hyps, b, c, seconds = score(path, test, args.beam, chosen["len_penalty"])
-    print(f"test   {chosen['checkpoint']}: {b}\n       {c}", file=sys.stderr)
+    p = paper_bleu(hyps, test.tgt, cfg.data.tgt_lang)
+    print(f"test   {chosen['checkpoint']}: {b}\n       {p}\n       {c}", file=sys.stderr)
     (run / "test_2016_flickr.hyp.de").write_text("\n".join(hyps) + "\n", encoding="utf-8")
 
     metrics_log = read_metrics(run)
@@ -82,7 +84,9 @@ def main() -> int:
         args.out, cfg.name,
         command=f"{args.train_command} && python bench/multi30k_en_de.py --run-dir {args.run_dir} --beam {args.beam}",
         metrics={"bleu": round(b.score, 2), "signature": b.signature, "chrf": round(c.score, 2),
-                 "chrf_signature": c.signature, "test_set": "multi30k test_2016_flickr en-de",
+                 "chrf_signature": c.signature, "paper_bleu": round(p.score, 2),
+                 "paper_bleu_precisions": [round(x, 1) for x in p.precisions], "paper_bleu_bp": round(p.bp, 3),
+                 "paper_bleu_signature": p.signature, "test_set": "multi30k test_2016_flickr en-de",
                  "bleu_by_length": bleu_by_length(test.src, hyps, test.tgt)},
         train_minutes=round(progress["train_seconds"] / 60, 2),
         wall_minutes_including_validation=None if wall is None else round(wall, 2),

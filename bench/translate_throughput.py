@@ -70,6 +70,27 @@ def ct2_decoder(translator, toks):
     return decode
 
 
+def test_set(checkpoint, data_dir, sentences: int = 0):
+    """The checkpoint ((model, config, tokenizers, path)) and the first ``sentences`` (0: all) of its test split:
+    (checkpoint, references, source ids with EOS, their order by length, the same batches for every system)."""
+    model, cfg, toks, path = load_checkpoint(checkpoint)
+    test = load_split(cfg.data, "test", data_dir)
+    n = sentences or len(test.src)
+    ids = [s + [EOS] for s in toks.src.encode(test.src[:n])]
+    return (model, cfg, toks, path), test.tgt[:n], ids, sorted(range(n), key=lambda i: (len(ids[i]), i))
+
+
+def length_sorted_batches(ids: list[list[int]], order: list[int], size: int, decode) -> list:
+    """The sentences ``ids`` (EOS ended) in ``order`` cut into batches of ``size``: [(source [B, S], length limits
+    [B])], the limits ``decode.max_len_a * length + decode.max_len_b``."""
+    out = []
+    for k in range(0, len(order), size):
+        chunk = [ids[i] for i in order[k:k + size]]
+        out.append((pad(chunk), max_lengths(torch.tensor([len(s) - 1 for s in chunk]), decode.max_len_a,
+                                            decode.max_len_b)))
+    return out
+
+
 @torch.no_grad()
 def run(decoders: dict, batches, beam: int, len_penalty: float, rounds: int = 4) -> dict[str, tuple[list, float]]:
     """-> {system: (outputs in batch order, seconds)}. The batches are cut into ``rounds`` runs of consecutive
@@ -109,21 +130,11 @@ def main() -> int:
     from attnkit.export import ct2
     from attnkit.export.huggingface import export_huggingface, load_marian
 
-    model, cfg, toks, path = load_checkpoint(args.checkpoint)
-    test = load_split(cfg.data, "test", args.data_dir)
-    n = args.sentences or len(test.src)
-    sources, refs = test.src[:n], test.tgt[:n]
-    ids = [s + [EOS] for s in toks.src.encode(sources)]
-    order = sorted(range(n), key=lambda i: (len(ids[i]), i))  # the same length-sorted batches for everyone
-    d = cfg.decode
+    (model, cfg, toks, path), refs, ids, order = test_set(args.checkpoint, args.data_dir, args.sentences)
+    n, d = len(refs), cfg.decode
 
     def batches(size):
-        out = []
-        for k in range(0, n, size):
-            chunk = [ids[i] for i in order[k:k + size]]
-            out.append((pad(chunk), max_lengths(torch.tensor([len(s) - 1 for s in chunk]), d.max_len_a,
-                                                d.max_len_b)))
-        return out
+        return length_sorted_batches(ids, order, size, d)
 
     with tempfile.TemporaryDirectory() as tmp:
         hf = load_marian(export_huggingface(path, Path(tmp) / "marian"))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -102,6 +103,23 @@ def _pipe_with(data: bytes) -> tuple[int, int]:
     r, w = os.pipe()
     os.write(w, data)
     return r, w
+
+
+def test_evaluate_prints_the_papers_bleu_beside_sacrebleu_and_chrf(trained_checkpoint, dates_pairs, tmp_path, capsys):
+    from attnkit.evaluate import paper_bleu
+
+    src, ref, hyps, scores = (tmp_path / name for name in ("src.txt", "ref.txt", "hyps.txt", "scores.json"))
+    src.write_text("".join(s + "\n" for s in dates_pairs.src[:6]), encoding="utf-8")
+    ref.write_text("".join(t + "\n" for t in dates_pairs.tgt[:6]), encoding="utf-8")
+    assert main(["evaluate", "--checkpoint", str(trained_checkpoint), "--src", str(src), "--ref", str(ref),
+                 "--beam", "1", "--output", str(hyps), "--json", str(scores), "--moses-lang", "en"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" = ")[0] for line in lines] == ["BLEU", "BLEU4", "chrF2"]
+    result = json.loads(scores.read_text())
+    expected = paper_bleu(hyps.read_text(encoding="utf-8").splitlines(), dates_pairs.tgt[:6], "en")
+    assert lines[1] == str(expected)
+    assert result["paper_bleu"] == expected.score and result["paper_bleu_precisions"] == expected.precisions
+    assert result["paper_bleu_bp"] == expected.bp and result["paper_bleu_signature"].startswith("lc+moses:en+")
 
 
 def test_stream_lines_takes_what_is_ready_then_waits():

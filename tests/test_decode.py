@@ -493,9 +493,9 @@ def test_two_frozen_models_in_one_process_keep_their_own_weights(model, src):
     eager = [[h.tokens for h in greedy(m, _init(m, src), lens)] for m in (first, second)]
     assert eager[0] != eager[1]
     torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
-    frozen = compile_step(first, freeze=True)
+    frozen = compile_step(first, freeze=True, check=False)
     decodes_like_eager(first, frozen, src)  # the frozen case of test_a_compiled_step_decodes_like_the_eager_one
-    for m, expected in zip((frozen, compile_step(second, freeze=True)), eager):
+    for m, expected in zip((frozen, compile_step(second, freeze=True, check=False)), eager):
         assert [h.tokens for h in greedy(m, _init(m, src), lens)] == expected
 
 
@@ -528,7 +528,7 @@ def test_a_compiled_step_decodes_like_the_eager_one(model, src):
     """``attnkit translate --compile``, weights not frozen (test_two_frozen_models_in_one_process_keep_their_own_
     weights checks the frozen step the same way)."""
     torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
-    decodes_like_eager(model, compile_step(model), src)
+    decodes_like_eager(model, compile_step(model, check=False), src)
 
 
 @pytest.mark.internals
@@ -559,10 +559,10 @@ def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_mode
     lens = _max_lens(src)
     expected = [h.tokens for h in greedy(model, _init(model, src), lens)]
     # the same options for both: Dynamo keeps graphs compiled with other options apart anyway (it checks the backend)
-    unfrozen = compile_step(model, cpp_wrapper=False)
+    unfrozen = compile_step(model, cpp_wrapper=False, check=False)
     assert [h.tokens for h in greedy(unfrozen, _init(unfrozen, src), lens)] == expected
     # packing asked for (by default it is used only where it measures faster); the Python wrapper: ops profiled
-    frozen = compile_step(model, freeze=True, cpp_wrapper=False, pack_output=True)
+    frozen = compile_step(model, freeze=True, cpp_wrapper=False, pack_output=True, check=False)
     assert [h.tokens for h in greedy(frozen, _init(frozen, src), lens)] == expected
     with torch.profiler.profile() as prof:
         hyps = greedy(frozen, _init(frozen, src), lens)
@@ -584,3 +584,67 @@ def test_a_tiny_temperature_samples_the_most_likely_token():
         assert int(torch.multinomial(probs, 1)) == 1
     torch.testing.assert_close(torch.softmax(with_temperature(log_probs, 0.7), -1),
                                torch.softmax(log_probs / 0.7, -1))
+
+
+# --- a compiled step must earn its place (attnkit.fast.compile.CheckedStep)
+
+
+def _steps(compiled_delay: float = 0.0, eager_delay: float = 0.0, wrong: bool = False, fails: bool = False):
+    """Fake search steps counting their calls: eager adds 1 to the tokens; compiled the same (or 2: ``wrong``), or
+    raises as a failed lowering does."""
+    import time
+
+    calls = {"compiled": 0, "eager": 0}
+
+    def eager(tokens, state):
+        calls["eager"] += 1
+        time.sleep(eager_delay)
+        return tokens + 1, torch.zeros(2), state
+
+    def compiled(tokens, state):
+        calls["compiled"] += 1
+        if fails:
+            raise RuntimeError("LoweringException: no lowering for this op\nits long second line")
+        time.sleep(compiled_delay)
+        return tokens + (2 if wrong else 1), torch.zeros(2), state
+
+    return calls, eager, compiled
+
+
+@pytest.mark.parametrize("case,why", [({"compiled_delay": 0.004}, "took"),
+                                      ({"wrong": True}, "gave other outputs"),
+                                      ({"fails": True}, "failed (RuntimeError: LoweringException")])
+def test_a_compiled_step_slower_wrong_or_failing_gives_way_to_the_eager_one(case, why, capsys):
+    from attnkit.fast.compile import CheckedStep
+
+    calls, eager, compiled = _steps(**case)
+    step = CheckedStep("greedy_step", compiled, eager, warmup=2, trials=4)
+    tokens = torch.tensor([4, 5])
+    outputs = [step(tokens, None)[0] for _ in range(20)]
+    # the warm-up's answers are the compiled step's; from the first comparison on, every answer is the eager one's
+    assert all(torch.equal(o, tokens + 1) for o in outputs[2:])
+    assert step.chosen is eager and why in step.reason
+    before = calls["compiled"]
+    step(tokens, None)
+    assert calls["compiled"] == before  # the compiled step is not called again
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("attnkit: warning: the compiled greedy_step") and why in err
+
+
+def test_a_compiled_step_faster_and_equal_is_kept():
+    from attnkit.fast.compile import CheckedStep
+
+    calls, eager, compiled = _steps(eager_delay=0.004)
+    step = CheckedStep("beam_step", compiled, eager, warmup=2, trials=4)
+    for _ in range(20):
+        step(torch.tensor([1]), None)
+    assert step.chosen is compiled and step.reason is None
+    assert calls["eager"] == 4 and calls["compiled"] == 20  # eager only during the trials
+
+
+def test_compiled_decoders_check_their_search_steps_unless_told_not_to(model):
+    from attnkit.fast.compile import CheckedStep
+
+    checked, unchecked = compile_step(model), compile_step(model, check=False)  # compiling waits for a first call
+    assert all(isinstance(s, CheckedStep) for s in checked.search_steps().values())
+    assert not any(isinstance(s, CheckedStep) for s in unchecked.search_steps().values())

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import bisect
+import dataclasses
+import importlib.util
+import json
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +30,25 @@ REPO_PATH = re.compile(r"(?<![\w./-])(?:src|tests|bench|configs)/[\w./-]*[\w/]")
 PY_PATH = re.compile(r"(?<![\w./-])(?:src|tests|bench)/[\w./-]*\.py\b")
 BACKTICKED = re.compile(r"`([^`]+)`")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GENERATED_OPEN = re.compile(r"<!-- results:[\w-]+ -->")
+GENERATED_CLOSE = re.compile(r"<!-- /results:[\w-]+ -->")
 
 
 def _docs() -> list[Path]:
     return [README, *DOCS]
+
+
+def _generated_lines(text: str) -> set[int]:
+    """The line numbers (from 1) inside the blocks bench/results.py writes, their markers included."""
+    lines, inside = set(), False
+    for n, line in enumerate(text.splitlines(), 1):
+        if GENERATED_OPEN.match(line):
+            inside = True
+        if inside:
+            lines.add(n)
+        if GENERATED_CLOSE.match(line):
+            inside = False
+    return lines
 
 
 def _rel(path: Path) -> str:
@@ -47,10 +71,13 @@ def test_the_docs_exist_and_the_readme_links_them():
 @pytest.mark.parametrize("doc", _docs(), ids=_rel)
 def test_no_notebook_leftovers(doc: Path):
     problems = []
-    for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+    text = doc.read_text(encoding="utf-8")
+    generated = _generated_lines(text)
+    for n, line in enumerate(text.splitlines(), 1):
         if "/tmp" in line:
             problems.append(f"{n}: /tmp path: {line.strip()}")
-        for m in COMMIT_HASH.finditer(line):
+        # the commits a generated block names are the JSONs' own, kept true by bench/results.py --check
+        for m in COMMIT_HASH.finditer("" if n in generated else line):
             problems.append(f"{n}: commit-hash-like string {m.group()!r}")
         for m in ISSUE_REF.finditer(line):
             problems.append(f"{n}: issue reference {m.group()!r}")
@@ -102,3 +129,268 @@ def test_lectures_names_are_defined_where_it_says():
         if not file.is_file() or not _defines(file.read_text(encoding="utf-8"), name):
             missing.append(f"{path} -> {name}")
     assert not missing, "docs/lectures.md names what the tree does not define:\n" + "\n".join(missing)
+
+
+# --- results: docs/results.md's tables and the README's results table are written from bench/results/*.json
+
+RESULTS_SCRIPT = ROOT / "bench" / "results.py"
+RESULTS_DOC = ROOT / "docs" / "results.md"
+FENCED = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`([^`]+)`")
+# a measurement copied by hand: a decimal (38.11, 2.5x), a number with thousands separators (4,057), a percentage
+MEASUREMENT = re.compile(r"(?<![\w.])\d+(?:\.\d+)+|(?<![\w.,])\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?\s?%")
+# a number as the generated blocks write it: 4,057 / 38.11 / 26 (not the digits inside a word or a hash)
+DOC_NUMBER = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
+
+
+def _results_module():
+    spec = importlib.util.spec_from_file_location("bench_results", RESULTS_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _hand_written(text: str) -> str:
+    """``text`` without its generated blocks, fenced code and code spans: the prose a person keeps true."""
+    generated = _generated_lines(text)
+    text = "\n".join("" if n in generated else line for n, line in enumerate(text.splitlines(), 1))
+    return CODE_SPAN.sub("", FENCED.sub("", text))
+
+
+def _generated_text(text: str) -> str:
+    generated = _generated_lines(text)
+    return "\n".join(line for n, line in enumerate(text.splitlines(), 1) if n in generated)
+
+
+def test_results_docs_agree_with_the_jsons():
+    """`make results` has been run since the last change to bench/results/*.json (or to the generator)."""
+    done = subprocess.run([sys.executable, str(RESULTS_SCRIPT), "--check"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, (f"docs disagree with bench/results/*.json; run `make results`:\n{done.stdout}"
+                                  f"{done.stderr}")
+
+
+def test_results_prose_quotes_no_measurements():
+    """Around the generated blocks, docs/results.md and the README's results section explain method only: a
+    number typed into prose goes stale the next time a recipe runs."""
+    readme = README.read_text(encoding="utf-8")
+    section = readme[readme.index("## Results"):]
+    section = section[:section.index("\n## ", 1)]
+    for name, text in (("docs/results.md", RESULTS_DOC.read_text(encoding="utf-8")), ("README.md", section)):
+        found = MEASUREMENT.findall(_hand_written(text))
+        assert not found, f"{name} quotes measurements outside its generated blocks: {found}"
+
+
+def _json_numbers() -> tuple[list[float], set[str]]:
+    """Every number the results JSONs hold (values, list lengths), and every digit string inside their text."""
+    values: list[float] = []
+    texts: set[str] = set()
+
+    def walk(node) -> None:
+        if isinstance(node, bool):
+            return
+        if isinstance(node, (int, float)):
+            values.append(float(node))
+        elif isinstance(node, str):
+            texts.update(re.findall(r"\d+(?:\.\d+)?", node))
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                walk(key)
+                walk(value)
+        elif isinstance(node, list):
+            values.append(float(len(node)))
+            for value in node:
+                walk(value)
+
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        walk(json.loads(path.read_text(encoding="utf-8")))
+    return sorted(values), texts
+
+
+def test_every_generated_number_comes_from_a_json():
+    values, texts = _json_numbers()
+    missing = []
+    for name, text in (("docs/results.md", RESULTS_DOC.read_text(encoding="utf-8")),
+                       ("README.md", README.read_text(encoding="utf-8"))):
+        for token in DOC_NUMBER.findall(_generated_text(text)):
+            plain = token.replace(",", "")
+            if plain in texts:
+                continue
+            shown = float(plain)
+            half = 0.5 * 10 ** -(len(plain.split(".")[1]) if "." in plain else 0) + 1e-9
+            i = bisect.bisect_left(values, shown - half)
+            if i == len(values) or values[i] > shown + half:
+                missing.append(f"{name}: {token}")
+    assert not missing, f"generated numbers that no JSON in bench/results/ holds: {sorted(set(missing))}"
+
+
+def _copy_for_results(tmp_path: Path) -> Path:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    shutil.copy(README, tmp_path / "README.md")
+    for doc in (ROOT / "docs").glob("*.md"):  # every page that may hold generated blocks
+        shutil.copy(doc, tmp_path / "docs" / doc.name)
+    for path in (ROOT / "bench" / "results").glob("*.json"):
+        shutil.copy(path, tmp_path / "bench" / "results" / path.name)
+    return tmp_path
+
+
+def _edit_json(root: Path, name: str, edit) -> None:
+    path = root / "bench" / "results" / f"{name}.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    edit(record)
+    path.write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+
+def test_results_check_fails_when_a_json_changes(tmp_path, capsys):
+    results = _results_module()
+    root = _copy_for_results(tmp_path)
+    _edit_json(root, "multi30k_en_de", lambda r: r["metrics"].update(bleu=12.34))
+    assert results.main(["--check", "--root", str(root)]) == 1
+    diff = capsys.readouterr().out
+    assert "+| Transformer (`make multi30k`) | **12.34**" in diff and "BLEU 12.34" in diff
+    assert (root / "README.md").read_bytes() == README.read_bytes(), "--check wrote a file"
+    assert results.main(["--root", str(root)]) == 0
+    assert results.main(["--check", "--root", str(root)]) == 0
+
+
+def test_results_render_what_a_json_records_and_only_that(tmp_path):
+    results = _results_module()
+    root = _copy_for_results(tmp_path)
+    _edit_json(root, "multi30k_en_de", lambda r: r["metrics"].update(
+        paper_bleu=40.25, paper_bleu_signature="multi-bleu.perl|lc|moses-de"))
+    coco = {"bleu1": 63.1, "bleu2": 44.2, "bleu3": 31.3, "bleu4": 21.4, "meteor": 20.5, "rouge_l": 47.6, "cider": 52.7}
+    _edit_json(root, "flickr8k_sat", lambda r: r["metrics"].update(coco=coco, coco_definition="pycocoevalcap"))
+    _edit_json(root, "multi30k_en_de_rnnsearch", lambda r: [r.pop(k) for k in ("epochs_completed", "git_commit")])
+    assert results.main(["--root", str(root)]) == 0
+    page = (root / "docs" / "results.md").read_text(encoding="utf-8")
+    assert "paper-style BLEU" in page and "40.25" in page and "`multi-bleu.perl|lc|moses-de`" in page
+    assert "METEOR 20.50, ROUGE-L 47.60, CIDEr 52.70" in page
+    rnnsearch = next(line for line in page.splitlines() if line.startswith("| RNNsearch (`make"))
+    assert "epochs not recorded" in rnnsearch
+    source = next(line for line in page.splitlines() if "multi30k_en_de_rnnsearch.json](" in line and "| `c" in line)
+    assert "| not recorded | 2-core AMD EPYC |" in source
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert "| 49.1 min |" in readme  # no epochs where none are recorded
+    unmarked = page.replace("<!-- /results:sources -->", "")
+    (root / "docs" / "results.md").write_text(unmarked, encoding="utf-8")
+    with pytest.raises(SystemExit, match="markers"):
+        results.main(["--check", "--root", str(root)])
+
+
+# --- every config key and CLI option the docs and the configs' comments name exists
+
+SECTION_KEY = re.compile(r"(?<![\w.$/-])(model|data|train|decode)\.([A-Za-z_]\w*)(?![\w(])")
+TABLE_KEY = re.compile(r"\[(model|data|train|decode)\]\s+([A-Za-z_]\w*)")
+CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
+
+
+def _config_comments(path: Path) -> str:
+    """The comments of a TOML file (what follows a # outside a string), one per line."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        quote = None
+        for i, ch in enumerate(line):
+            if quote:
+                quote = None if ch == quote else quote
+            elif ch in "\"'":
+                quote = ch
+            elif ch == "#":
+                out.append(line[i + 1:])
+                break
+    return "\n".join(out)
+
+
+def _named_places() -> list[tuple[str, list[str]]]:
+    """(where, texts) for each doc (its code spans and the logical lines of its code blocks) and each config
+    (its comments, line by line)."""
+    places = []
+    for doc in _docs():
+        text = doc.read_text(encoding="utf-8")
+        blocks = [line for block in FENCED.findall(text)
+                  for line in block.replace("\\\n", " ").splitlines()[1:-1]]
+        spans = CODE_SPAN.findall(FENCED.sub("", text))
+        places.append((_rel(doc), [re.sub(r"(^|\s)#.*$", "", b) for b in blocks] + spans))
+    for path in CONFIGS:
+        places.append((_rel(path), _config_comments(path).splitlines()))
+    return places
+
+
+def _config_keys() -> dict[str, set[str]]:
+    from attnkit.config import MODEL_CONFIGS, ExperimentConfig
+
+    cfg = ExperimentConfig()
+    keys = {f.name: {g.name for g in dataclasses.fields(getattr(cfg, f.name))}
+            for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(getattr(cfg, f.name))}
+    keys["model"] = {g.name for family in MODEL_CONFIGS.values() for g in dataclasses.fields(family)}
+    return keys
+
+
+def test_the_config_keys_named_exist():
+    """`section.key` in a doc's code spans and code, `[section] key`, and section.key in a config's comments."""
+    keys = _config_keys()
+    named, wrong = 0, []
+    for where, texts in _named_places():
+        for text in texts:
+            for section, key in SECTION_KEY.findall(text) + TABLE_KEY.findall(text):
+                named += 1
+                if key not in keys[section]:
+                    wrong.append(f"{where}: {section}.{key}")
+    assert named >= 20, "the docs name config keys; the pattern should find them"
+    assert not wrong, "config keys named that attnkit.config does not define:\n" + "\n".join(sorted(set(wrong)))
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {name: sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name, sub in action.choices.items()}
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+def _attnkit_invocations(text: str) -> list[list[str]]:
+    """The words after each `attnkit` a command line in ``text`` runs (up to a pipe, && or ;)."""
+    found = []
+    for segment in re.split(r"\|\|?|&&|;", text):
+        try:
+            words = shlex.split(segment)
+        except ValueError:  # a quote a code span opens and the next one closes
+            words = segment.split()
+        for i, word in enumerate(words):
+            if word == "attnkit" or word.endswith("/attnkit"):
+                found.append(words[i + 1:])
+    return found
+
+
+def test_the_cli_options_named_exist():
+    """`attnkit COMMAND [SUBCOMMAND] ... --option` in a doc's code spans and code, and in a config's comments."""
+    from attnkit.cli import build_parser
+
+    top = build_parser()
+    commands = _subparsers(top)
+    checked, wrong = 0, []
+    for where, texts in _named_places():
+        for text in texts:
+            for words in _attnkit_invocations(text):
+                parser, shown = top, "attnkit"
+                while words and _subparsers(parser) and not words[0].startswith("-"):
+                    name, words = words[0], words[1:]
+                    if not re.fullmatch(r"[a-z][a-z0-9-]*", name):
+                        parser = None  # a placeholder (COMMAND): nothing to check
+                        break
+                    if name not in _subparsers(parser):
+                        wrong.append(f"{where}: {shown} {name}: no such command")
+                        parser = None
+                        break
+                    parser, shown = _subparsers(parser)[name], f"{shown} {name}"
+                if parser is None:
+                    continue
+                for word in words:
+                    option = word.split("=", 1)[0]
+                    if re.fullmatch(r"--?[A-Za-z][\w-]*", option):
+                        checked += 1
+                        if option not in _options(parser):
+                            wrong.append(f"{where}: {shown} {option}")
+    assert len(commands) >= 10 and checked >= 30, "the docs show attnkit command lines; the parser should find them"
+    assert not wrong, "command lines name what attnkit's parser does not have:\n" + "\n".join(sorted(set(wrong)))

@@ -18,7 +18,7 @@ from attnkit.config import PRESETS, ExperimentConfig, LMConfig, config_from_dict
 from attnkit.data import CharTokenizer, WordVocab, block_batch, shifted_blocks, stream_blocks
 from attnkit.decode import beam_search, complete, filter_logits, greedy, sample
 from attnkit.errors import AttnkitError
-from attnkit.evaluate import language_model_scores, sliding_window_scores
+from attnkit.evaluate import bits_per_character, language_model_scores, sliding_window_scores
 from attnkit.evaluate.perplexity import sliding_windows
 from attnkit.models import BOS, EOS, PAD, UNK, TransformerLM, build_model
 from attnkit.train.checkpoint import load_weights
@@ -284,6 +284,22 @@ def test_perplexity_matches_a_direct_computation():
     assert scores["loss"] == pytest.approx(nll / 50, rel=1e-5)
     assert scores["ppl"] == pytest.approx(math.exp(nll / 50), rel=1e-5)
     assert scores["bpc"] == pytest.approx(nll / 50 / math.log(2), rel=1e-5)
+
+
+@torch.no_grad()
+def test_bits_per_character_is_the_loss_in_bits():
+    """bpc = loss / ln 2: a character model that spreads each prediction evenly over its 24 symbols spends
+    log2(24) bits on each character, and a trained one its mean NLL in nats over ln 2."""
+    model = make_lm(seed=7, share_embeddings=False)
+    model.output.weight.zero_()  # every logit 0: the uniform distribution
+    blocks = stream_blocks(markov_stream(40, seed=4), 16)
+    scores = language_model_scores(model, blocks, batch_blocks=2, characters=True)
+    assert scores["loss"] == pytest.approx(math.log(VOCAB), rel=1e-6)
+    assert scores["bpc"] == pytest.approx(math.log2(VOCAB), rel=1e-6)
+    assert bits_per_character(math.log(2)) == pytest.approx(1.0)
+    trained = language_model_scores(make_lm(seed=5), blocks, batch_blocks=2, characters=True)
+    assert trained["bpc"] == bits_per_character(trained["loss"]) == pytest.approx(trained["loss"] / math.log(2))
+    assert "bpc" not in language_model_scores(model, blocks, batch_blocks=2)  # tokens that are not characters
 
 
 @torch.no_grad()

@@ -57,11 +57,12 @@ class Model:
     :meth:`compile` compiles it.
     """
 
-    def __init__(self, module, config, tokenizers, path: Path):
+    def __init__(self, module, config, tokenizers, path: Path, precision: str = "fp32"):
         from attnkit import fast
 
         self.module, self.config, self.tokenizers, self.path = module, config, tokenizers, Path(path)
-        self.decoder = fast.decoder(module)
+        self.precision = precision
+        self.decoder = fast.decoder(module, precision=precision)
         self._image_encoder = None  # a captioner's CNN, loaded on first use
 
     @property
@@ -79,7 +80,8 @@ class Model:
         """Compile the decoding steps (a minute or so, then faster; see docs/performance.md). Returns self."""
         from attnkit import fast
 
-        self.decoder = fast.compile_step(self.module, freeze=freeze, ahead_of_time=ahead_of_time)
+        self.decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
+                                    ahead_of_time=ahead_of_time)
         return self
 
     # --- what a family can do
@@ -343,11 +345,13 @@ class Model:
         return self.tokenizers.src.pieces(source) + ["</s>"]
 
 
-def load(path: str | Path) -> Model:
+def load(path: str | Path, precision: str = "fp32") -> Model:
     """The model of a run directory (its best checkpoint, else averaged, else last) or of a checkpoint directory,
-    verified and in eval mode."""
+    verified and in eval mode. ``precision`` ("fp32", "bf16", "int8") is what decoding (translate, generate,
+    caption) computes in, where this machine has the instructions for it (else a one-line error); scores and
+    attention maps are computed in fp32."""
     module, config, tokenizers, directory = load_checkpoint(path)
-    return Model(module, config, tokenizers, directory)
+    return Model(module, config, tokenizers, directory, precision)
 
 
 __all__ = ["Attention", "Model", "load"]

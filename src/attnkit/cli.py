@@ -35,6 +35,13 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="compile the decoding steps ahead of time (AOTInductor) and the encoder (torch.compile): "
                         "a minute to compile, then faster (see README)")
+    _add_precision_arg(p)
+
+
+def _add_precision_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+                   help="what decoding computes in: bf16 needs a CPU with AVX512_BF16 or AMX, int8 one with VNNI or "
+                        "AMX (else refused in one line); default fp32")
 
 
 def cmd_train(args) -> int:
@@ -245,7 +252,7 @@ def _load_for_decoding(args, sentences: int, capability: str = "translate"):
     from attnkit.api import load
 
     _check_decode_args(args)
-    model = load(args.checkpoint)
+    model = load(args.checkpoint, precision=getattr(args, "precision", "fp32"))
     model.module.require(capability)
     if getattr(args, "compile", False):
         beam = args.beam or model.config.decode.beam_size
@@ -298,7 +305,7 @@ def cmd_translate(args) -> int:
 def cmd_evaluate(args) -> int:
     from attnkit.data import read_lines
     from attnkit.decode import translate
-    from attnkit.evaluate import bleu, bleu_by_length, chrf
+    from attnkit.evaluate import bleu, bleu_by_length, chrf, paper_bleu
 
     _check_decode_args(args)
     _check_output(args.output)
@@ -311,10 +318,13 @@ def cmd_evaluate(args) -> int:
     _check_source_lengths(sources, toks.src, cfg.decode.max_source_tokens, args.src)
     hyps = [t.text[0] for t in translate(model, toks, sources, **options)]
     b, c = bleu(hyps, refs), chrf(hyps, refs)
+    p = paper_bleu(hyps, refs, args.moses_lang or cfg.data.tgt_lang)
     print(b)
+    print(p)
     print(c)
     result = {"checkpoint": str(path), "bleu": b.score, "bleu_signature": b.signature, "chrf": c.score,
-              "chrf_signature": c.signature}
+              "chrf_signature": c.signature, "paper_bleu": p.score, "paper_bleu_precisions": p.precisions,
+              "paper_bleu_bp": p.bp, "paper_bleu_signature": p.signature}
     if args.by_length:
         edges = {"edges": args.length_edges} if args.length_edges else {}
         result["by_length"] = bleu_by_length(sources, hyps, refs, **edges)
@@ -417,7 +427,7 @@ def cmd_caption(args) -> int:
     if args.beam is not None and args.beam < 1:
         raise AttnkitError(f"--beam {args.beam}: expected a beam size of at least 1 (1 = greedy)")
     _check_output(args.show_attention, "--show-attention", directory=True)
-    model = load(args.checkpoint)
+    model = load(args.checkpoint, precision=args.precision)
     model.module.require("caption")
     cfg, vocab = model.config, model.tokenizers
     _, h, w = grid_shape(cfg.data.image_grid)
@@ -444,7 +454,7 @@ def cmd_generate(args) -> int:
             or not math.isfinite(args.temperature):
         raise AttnkitError("--max-new-tokens, --temperature and --top-k must be >= 0 (the temperature finite), "
                            "--top-p in (0, 1]")
-    model = load(args.checkpoint)
+    model = load(args.checkpoint, precision=args.precision)
     model.module.require("generate")
     _check_source_lengths([args.prompt], model.tokenizers, model.config.decode.max_source_tokens, "--prompt")
 
@@ -544,7 +554,7 @@ def cmd_serve(args) -> int:
     settings = Settings(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("ATTNKIT_API_KEY")
                         or None, max_wait_ms=args.max_wait_ms, max_batch_tokens=args.max_batch_tokens,
                         queue_size=args.queue_size, timeout=args.timeout, max_source_tokens=args.max_source_tokens,
-                        body_timeout=args.body_timeout)
+                        body_timeout=args.body_timeout, precision=args.precision)
     return serve(args.models, settings)
 
 
@@ -582,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode_args(p)
     p.set_defaults(func=cmd_translate)
 
-    p = sub.add_parser("evaluate", help="translate a test set and score it with sacreBLEU and chrF")
+    p = sub.add_parser("evaluate", help="translate a test set and score it with sacreBLEU, chrF and the papers' "
+                                        "BLEU (lowercased, Moses-tokenised, as multi-bleu.perl)")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
@@ -591,6 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the scores here")
     p.add_argument("--length-edges", type=_length_edges, metavar="5,10,20",
                    help="source-length bucket edges in words for --by-length (default 10,20,30,40,50)")
+    p.add_argument("--moses-lang", metavar="LANG",
+                   help="the language of the Moses tokenizer for the papers' BLEU (default: the checkpoint's "
+                        "data.tgt_lang)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_evaluate)
 
@@ -617,6 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+")
     p.add_argument("--beam", type=int, default=None)
     p.add_argument("--show-attention", metavar="DIR", help="write one figure per image: attention for each word")
+    _add_precision_arg(p)
     p.set_defaults(func=cmd_caption)
 
     p = sub.add_parser("generate", help="continue a prompt with a language model, streaming to stdout")
@@ -627,6 +642,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set of this mass")
     p.add_argument("--seed", type=int, default=None, help="fix the sampling (default: random)")
+    _add_precision_arg(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT encoder (all-MiniLM-L6-v2)")
@@ -673,6 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per source sentence; longer ones are answered 413 (default 256)")
     p.add_argument("--body-timeout", type=float, default=10.0,
                    help="seconds a request's body may take to arrive; then 408 (default 10)")
+    _add_precision_arg(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="train a small Transformer on dates -> ISO dates, show its attention")

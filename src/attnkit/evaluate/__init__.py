@@ -1,7 +1,18 @@
-"""Evaluation: sacreBLEU, chrF and BLEU by source length; language-model loss, perplexity, bits per character."""
+"""Evaluation: sacreBLEU, chrF, the papers' BLEU (lowercased, Moses-tokenised) and BLEU by source length; the
+COCO caption evaluation; language-model loss, perplexity, bits per character."""
 
-from attnkit.evaluate.metrics import Score, bleu, bleu_by_length, caption_bleu, chrf
-from attnkit.evaluate.perplexity import language_model_scores, sliding_window_scores
+from attnkit.evaluate.metrics import (
+    PaperBleu,
+    Score,
+    bleu,
+    bleu_by_length,
+    caption_bleu,
+    chrf,
+    coco_caption_scores,
+    moses_tokenize,
+    paper_bleu,
+)
+from attnkit.evaluate.perplexity import bits_per_character, language_model_scores, sliding_window_scores
 
-__all__ = ["Score", "bleu", "bleu_by_length", "caption_bleu", "chrf", "language_model_scores",
-           "sliding_window_scores"]
+__all__ = ["PaperBleu", "Score", "bits_per_character", "bleu", "bleu_by_length", "caption_bleu", "chrf",
+           "coco_caption_scores", "language_model_scores", "moses_tokenize", "paper_bleu", "sliding_window_scores"]

@@ -17,12 +17,20 @@ from torch import Tensor
 from attnkit.data import BOS, PAD, block_batch
 
 
+def bits_per_character(loss: float) -> float:
+    """Bits per character from the mean NLL in nats per character: bpc = loss / ln 2.
+
+    For a character model a token is a character, so its mean NLL per token is ``loss``.
+    """
+    return loss / math.log(2)
+
+
 def _summary(model, was_training: bool, nll: float, n: int, characters: bool, **extra) -> dict:
     model.train(was_training)
     loss = nll / max(n, 1)
     scores = {"loss": loss, "ppl": math.exp(min(loss, 50)), "tokens": n, **extra}
     if characters:
-        scores["bpc"] = loss / math.log(2)
+        scores["bpc"] = bits_per_character(loss)
     return scores
 
 

@@ -7,6 +7,7 @@
 * :func:`compile_step` compiles a decoder with ``torch.compile``, and its search steps ahead of time with
   AOTInductor (:mod:`attnkit.fast.compile`, :mod:`attnkit.fast.aot`).
 * :func:`keep_freed_memory` keeps freed memory for reuse (:mod:`attnkit.fast.memory`).
+* bf16 and int8 decoding, where the CPU has the instructions for them (:mod:`attnkit.fast.precision`).
 
 The kernels and module tricks (attention, dropout, loss, ranking, memory, runtime) sit beside the core and import
 only it; the decoders (decoding, compile, aot) sit beside :mod:`attnkit.decode` and import the models and the
@@ -27,9 +28,19 @@ def compile_step(model, **options):
     return compile(model, **options)
 
 
-def decoder(model, compile: bool = False, **options):
+def decoder(model, compile: bool = False, precision: str = "fp32", **options):
     """The fastest decoder of ``model`` this runtime offers: its decoding kernels installed, then a
-    :class:`FastDecoder`, or with ``compile`` a compiled one (``options``: :func:`compile_step`'s)."""
+    :class:`FastDecoder`, or with ``compile`` a compiled one (``options``: :func:`compile_step`'s). ``precision``
+    "bf16" or "int8" decodes a copy of the model at that precision (:mod:`attnkit.fast.precision`), where this
+    machine has the instructions for it."""
+    if precision != "fp32":
+        from attnkit.errors import AttnkitError
+        from attnkit.fast.precision import at_precision
+
+        if compile:
+            raise AttnkitError(f"precision: compiled decoding is fp32; {precision} decodes uncompiled "
+                               "(leave out --compile)")
+        model = at_precision(model, precision)
     if compile:
         return compile_step(model, **options)
     # in eval, Dropout16 returns its input at once, where nn.Dropout goes through F.dropout's checks: a decoding step

@@ -10,7 +10,9 @@ hypotheses on small models.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+import sys
 import time
 from functools import partial
 
@@ -21,11 +23,11 @@ from attnkit.decode.search import beam_step, greedy_step
 from attnkit.fast.decoding import FastDecoder
 from attnkit.fast.ranking import argmax_rows, best_extensions
 from attnkit.fast.runtime import use
-from attnkit.models.contract import device_of
+from attnkit.models.contract import DecodingState, device_of
 
 
 def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
-                 ahead_of_time: bool = False) -> CompiledDecoder:
+                 ahead_of_time: bool = False, check: bool = True) -> CompiledDecoder:
     """A decoder of ``model`` (a model of the contract or a :class:`FastDecoder`) whose ``encode``, ``init_state``,
     ``step`` and search steps are compiled with ``torch.compile``, for inference (CPU or GPU). The decoder holds a
     copy of the model, prepared for inference: the model itself is left as it was.
@@ -42,10 +44,12 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
     * ``ahead_of_time``: the search steps are exported and compiled by AOTInductor (:mod:`attnkit.fast.aot`)
       where the decoder's state allows it (the Transformer's grouped state), without the Python that
       torch.compile runs around each call.
+    * ``check``: each search step is checked against the eager one on the first real batches, and kept only if
+      it gives the same outputs and is faster (:class:`CheckedStep`); without, the compiled steps always run.
 
     What each of these gains, measured on which machine, is in docs/performance.md.
     """
-    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time)
+    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time, check)
 
 
 def greedy_search_step(step, tokens: Tensor, state, limits: Tensor, t: int, need_weights: bool = False):
@@ -64,7 +68,7 @@ class CompiledDecoder(nn.Module):
     """A :class:`FastDecoder` over a copy of the model, with its functions compiled (:func:`compile_step`)."""
 
     def __init__(self, model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
-                 ahead_of_time: bool = False):
+                 ahead_of_time: bool = False, check: bool = True):
         super().__init__()
         inner = model.model if isinstance(model, FastDecoder) else model
         inner = copy.deepcopy(inner).eval()
@@ -99,6 +103,9 @@ class CompiledDecoder(nn.Module):
 
             self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name])
                                   for name, fn in steps.items()}
+        if check:  # each compiled search step proves itself against the eager one on the first real batches
+            self._search_steps = {name: CheckedStep(name, self._search_steps[name], partial(fn, eager_step))
+                                  for name, fn in steps.items()}
         self.encode = compile(self.decoder.encode)
         self.init_state = compile(self.decoder.init_state)
         self.step = compile(eager_step)
@@ -112,6 +119,90 @@ class CompiledDecoder(nn.Module):
     def search_steps(self) -> dict:
         return self._search_steps
 
+
+
+class CheckedStep:
+    """A compiled search step that must earn its place. Its first ``warmup`` calls run it alone (they compile);
+    the next ``trials`` calls run it and ``eager`` (the same step, uncompiled) on the same inputs and answer
+    with the eager outputs. If the compiled step failed, gave other outputs (choices that differ, or scores
+    beyond float rounding; the next states are not compared), or took longer per call (median) than the eager
+    one, every later call
+    runs the eager step, and one line on stderr says why; otherwise the compiled step runs from then on.
+
+    Compiling is a bet that can lose: on some CPUs the lowering falls back to graphs far slower than eager
+    decoding, and nothing else would notice."""
+
+    def __init__(self, name: str, compiled, eager, warmup: int = 4, trials: int = 6, tolerance: float = 1e-3):
+        self.name, self.compiled, self.eager = name, compiled, eager
+        self.warmup, self.trials, self.tolerance = warmup, trials, tolerance
+        self.calls, self.times, self.chosen, self.reason = 0, ([], []), None, None
+
+    def __call__(self, *args):
+        if self.chosen is not None:
+            return self.chosen(*args)
+        self.calls += 1
+        try:
+            if self.calls <= self.warmup:
+                return self.compiled(*args)
+            start = time.perf_counter()
+            ours = self.compiled(*args)
+            middle = time.perf_counter()
+        except Exception as e:  # noqa: BLE001 -- a compiled step that fails is replaced, never the search's end
+            self._decide(f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            return self.eager(*args)
+        theirs = self.eager(*args)
+        end = time.perf_counter()
+        self.times[0].append(middle - start)
+        self.times[1].append(end - middle)
+        if not same_outputs(ours, theirs, self.tolerance):
+            self._decide("gave other outputs than the eager step")
+        elif len(self.times[0]) >= self.trials:
+            compiled, eager = (sorted(t)[len(t) // 2] for t in self.times)
+            if compiled >= eager:
+                self._decide(f"took {compiled * 1e3:.2f} ms a call against the eager step's {eager * 1e3:.2f} ms")
+            else:
+                self.chosen = self.compiled
+        return theirs
+
+    def _decide(self, why: str) -> None:
+        self.chosen, self.reason = self.eager, why
+        print(f"attnkit: warning: the compiled {self.name} {why} on the first batches; decoding with the eager "
+              "step", file=sys.stderr, flush=True)
+
+
+def same_outputs(a, b, tolerance: float) -> bool:
+    """Whether two steps' outputs agree: the same structure, integer and boolean tensors equal, floating ones
+    within ``tolerance`` (relative and absolute; infinities where the other has the same)."""
+    xs, ys = list(_tensors(a)), list(_tensors(b))
+    if len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if x.is_floating_point():
+            if not torch.allclose(x.float(), y.float(), rtol=tolerance, atol=tolerance, equal_nan=True):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def _tensors(x):
+    """Every tensor inside ``x`` (tuples, lists, dicts, dataclasses), in a fixed order; not a decoding state's,
+    which a compiled step may lay out otherwise (its reordering applied or pending) for the same next step."""
+    if isinstance(x, DecodingState):
+        return
+    if isinstance(x, Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for item in x:
+            yield from _tensors(item)
+    elif isinstance(x, dict):
+        for key in sorted(x, key=str):
+            yield from _tensors(x[key])
+    elif dataclasses.is_dataclass(x):
+        for f in dataclasses.fields(x):
+            yield from _tensors(getattr(x, f.name))
 
 
 class _OutputProjection(nn.Module):

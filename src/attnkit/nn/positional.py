@@ -43,7 +43,7 @@ class LearnedPositionalEmbedding(nn.Module):
         self.embedding = nn.Embedding(max_positions, d_model)
         # on the scale of the sqrt(d_model)-scaled token embeddings (unit variance, like the sinusoids):
         # at GPT-2's 0.02 positions were 50x weaker than tokens, and a character LM sat on the bigram
-        # plateau far longer (runs/ts_sweep: validation 2.48 vs 2.22 after 400 steps)
+        # plateau far longer (Tiny Shakespeare: validation 2.48 vs 2.22 after 400 steps)
         nn.init.normal_(self.embedding.weight, std=1.0)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:

@@ -57,10 +57,10 @@ def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
     check_binding(settings)
     models = {}
     for name, path in model_names(specs):
-        model = attnkit.load(path)
+        model = attnkit.load(path, precision=settings.precision)
         models[name] = model
         print(f"attnkit serve: {name}: {model.family} from {model.path} "
-              f"({', '.join(sorted(model.capabilities))})", file=sys.stderr)
+              f"({', '.join(sorted(model.capabilities))}; decoding in {model.precision})", file=sys.stderr)
     app = create_app(models, settings)
     interval = float(os.environ.get("ATTNKIT_SWITCH_INTERVAL", "0.005"))
     sys.setswitchinterval(interval)

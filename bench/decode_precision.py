@@ -1,0 +1,119 @@
+"""Decoding at each precision, side by side on the same weights: attnkit fp32, bf16 and int8 (the precisions this
+CPU has the instructions for; ``attnkit translate --precision``) against CTranslate2 ``float32`` and ``int8`` on
+the same exported checkpoint, greedy and beam 5, batches of 1 and 64 sentences of the test_2016_flickr source,
+one thread each, taking turns in four rounds (:func:`translate_throughput.run`). BLEU of every run, cased
+sacreBLEU and, where attnkit.evaluate has it, the papers' BLEU (lowercased, Moses-tokenised).
+
+    python bench/decode_precision.py --checkpoint runs/multi30k_en_de   # -> bench/results/decode_precision.json
+
+Targets: each attnkit precision's BLEU within 0.3 of fp32's; attnkit fp32 >= CTranslate2 float32 and attnkit
+int8 >= CTranslate2 int8 in every cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from translate_throughput import attnkit_decoder, ct2_decoder, length_sorted_batches, run, test_set
+
+from attnkit import fast
+from attnkit.checkpoint import resolve_checkpoint
+from attnkit.evaluate import bleu
+from attnkit.evaluate.results import write_results
+from attnkit.fast.memory import keep_freed_memory
+from attnkit.fast.precision import NEEDS, PRECISIONS, cpu_flags
+
+
+def paper_bleu_or_none(hypotheses: list[str], references: list[str], lang: str):
+    try:
+        from attnkit.evaluate.metrics import paper_bleu
+    except ImportError:
+        return None
+    return paper_bleu(hypotheses, references, lang)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default="runs/multi30k_en_de")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--sentences", type=int, default=0, help="the first N test sentences (0: all 1000)")
+    ap.add_argument("--batch1-sentences", type=int, default=200, help="of those, how many the batch-1 cells decode")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default="bench/results/decode_precision.json")
+    args = ap.parse_args()
+    keep_freed_memory()
+    torch.set_num_threads(args.threads)
+    from attnkit.export import ct2
+
+    (model, cfg, toks, path), refs, ids, order = test_set(resolve_checkpoint(args.checkpoint), args.data_dir,
+                                                          args.sentences)
+    n, d = len(refs), cfg.decode
+    flags = cpu_flags()
+    precisions = [p for p in PRECISIONS if p == "fp32" or any(f in flags for f in NEEDS[p])]
+
+    def batches(size, count):
+        chosen = [i for i in order if i < count]
+        return length_sorted_batches(ids, chosen, size, d), chosen
+
+    systems: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
+        decoders = {f"attnkit_{p}": attnkit_decoder(fast.decoder(model, precision=p)) for p in precisions}
+        decoders |= {"ctranslate2_float32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),
+                     "ctranslate2_int8": ct2_decoder(ct2.translator(ct2_dir, "int8", args.threads), toks)}
+        systems = {name: {} for name in decoders}
+        for beam in (1, 5):
+            for size in (1, 64):
+                cells, chosen = batches(size, min(n, args.batch1_sentences) if size == 1 else n)
+                for name, (out, seconds) in run(decoders, cells, beam, d.len_penalty).items():
+                    tokens = sum(len(o) for o in out)
+                    hyps = {i: toks.tgt.decode(o) for i, o in zip(chosen, out)}
+                    kept = sorted(hyps)
+                    label = f"{'greedy' if beam == 1 else f'beam{beam}'}/batch{size}"
+                    cell = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
+                            "tokens": tokens, "sentences": len(kept)}
+                    if size == 64:  # the whole test set: its BLEU
+                        hyp_text, ref_text = [hyps[i] for i in kept], [refs[i] for i in kept]
+                        cell["bleu"] = round(bleu(hyp_text, ref_text).score, 2)
+                        paper = paper_bleu_or_none(hyp_text, ref_text, cfg.data.tgt_lang)
+                        if paper is not None:
+                            cell["paper_bleu"] = round(paper.score, 2)
+                    systems[name][label] = cell
+                    print(f"{name:>20} {label:<14} {tokens / seconds:8.0f} tokens/s  {cell.get('bleu', '')}",
+                          flush=True)
+
+    def speed(name, label):
+        return systems[name][label]["tokens_per_s"]
+
+    labels = list(systems["attnkit_fp32"])
+    ratios = {}
+    for label in labels:
+        ratios[f"attnkit_fp32_over_ctranslate2_float32/{label}"] = round(
+            speed("attnkit_fp32", label) / speed("ctranslate2_float32", label), 3)
+        if "attnkit_int8" in systems:
+            ratios[f"attnkit_int8_over_ctranslate2_int8/{label}"] = round(
+                speed("attnkit_int8", label) / speed("ctranslate2_int8", label), 3)
+        for p in precisions[1:]:
+            ratios[f"attnkit_{p}_over_attnkit_fp32/{label}"] = round(
+                speed(f"attnkit_{p}", label) / speed("attnkit_fp32", label), 3)
+    metrics = {"precisions": precisions,
+               "bleu_minus_fp32": {f"{p}/{label}": round(systems[f"attnkit_{p}"][label]["bleu"]
+                                                         - systems["attnkit_fp32"][label]["bleu"], 2)
+                                   for p in precisions[1:] for label in labels if "batch64" in label},
+               "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))),
+               "targets": {"bleu_within": 0.3, "over_ctranslate2": 1.0}}
+    print("ratios:", ratios)
+    print("BLEU - fp32 BLEU:", metrics["bleu_minus_fp32"])
+    write_results(args.out, "decode_precision", " ".join(["python", *sys.argv]), metrics, systems=systems,
+                  ratios=ratios, checkpoint=str(path), sentences=n, batch1_sentences=min(n, args.batch1_sentences),
+                  threads=args.threads)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

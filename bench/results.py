@@ -1,0 +1,461 @@
+"""Every number in docs/results.md and in the README's results table, written from bench/results/*.json.
+
+    python bench/results.py           # rewrite the generated blocks (make results)
+    python bench/results.py --check   # change nothing; print the difference and exit 1 where the docs disagree
+
+A generated block sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``; the text around the
+blocks is written by hand, explains method and holds no measured numbers. Hand-copied numbers go stale the
+moment a recipe is rerun; these blocks are rewritten from the JSONs the recipes write, and tests/test_docs.py
+runs ``--check``. A field a JSON does not hold is written "not recorded", never guessed. Only the standard
+library: the check runs in the docs tests without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+NOT_RECORDED = "not recorded"
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.DOTALL)
+OPENING = re.compile(r"<!-- results:([\w-]+) -->")
+
+# what each recipe's JSON is called in the tables and which make target writes it
+TRANSLATION = [
+    ("multi30k_en_de", "Transformer", "make multi30k"),
+    ("multi30k_en_de_rnnsearch", "RNNsearch", "make multi30k-rnnsearch"),
+    ("multi30k_en_de_rnnencdec", "RNNencdec, no attention", "make multi30k-rnnencdec"),
+]
+LANGUAGE_MODELS = [
+    ("tinyshakespeare_char", "Tiny Shakespeare, characters", "make tinyshakespeare"),
+    ("wikitext2_word", "WikiText-2, words", "make wikitext2"),
+]
+# the COCO caption evaluation (pycocoevalcap) a captioning JSON may hold under metrics.coco: key -> name
+COCO = {"bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4", "meteor": "METEOR",
+        "rouge_l": "ROUGE-L", "cider": "CIDEr", "spice": "SPICE"}
+LAYERS = {"rnn": "GRU", "conv": "convolution, centred", "conv_causal": "convolution, causal",
+          "conv_dilated": "convolution, dilated", "self_attention": "self-attention"}
+
+
+# --- reading a JSON
+
+
+def load_all(directory: Path = RESULTS) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(directory.glob("*.json"))}
+
+
+def get(record: dict | None, *path, default=None):
+    """record[path[0]][path[1]]...; ``default`` where any step is missing or null."""
+    node = record
+    for key in path:
+        if not isinstance(node, dict) or node.get(key) is None:
+            return default
+        node = node[key]
+    return node
+
+
+def number(value, digits: int = 2, bold: bool = False) -> str:
+    """``value`` with ``digits`` decimals and thousands separators; "not recorded" for a missing value."""
+    if value is None:
+        return NOT_RECORDED
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = f"{value:,}" if isinstance(value, int) and digits == 0 else f"{value:,.{digits}f}"
+    return f"**{text}**" if bold else text
+
+
+def text(value) -> str:
+    """A string from a JSON, safe inside a Markdown table cell."""
+    if value is None or value == "":
+        return NOT_RECORDED
+    return str(value).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def counted(value: str, unit: str) -> str:
+    """"4,656 steps", or "steps not recorded"."""
+    return f"{unit} {NOT_RECORDED}" if value == NOT_RECORDED else f"{value} {unit}"
+
+
+def link(name: str, prefix: str) -> str:
+    return f"[{name}.json]({prefix}{name}.json)"
+
+
+def machine(record: dict) -> str:
+    cpus, cpu = get(record, "machine", "cpus"), get(record, "machine", "cpu")
+    if cpu is None:
+        return NOT_RECORDED
+    cpu = " ".join(re.sub(r"\((R|TM)\)", "", cpu).split())
+    return f"{cpus}-core {cpu}" if cpus else cpu
+
+
+def torch_version(record: dict) -> str:
+    return record.get("torch") or get(record, "versions", "torch", default=NOT_RECORDED)
+
+
+def date(record: dict) -> str:
+    return str(record["date"])[:10] if record.get("date") else NOT_RECORDED
+
+
+def _short_commit(text: str) -> str:
+    m = re.match(r"\s*([0-9a-f]{7,40})(-dirty)?", text)
+    if not m:
+        return text
+    return f"`{m.group(1)[:10]}`" + (" + uncommitted changes" if m.group(2) else "")
+
+
+def commit(record: dict) -> str:
+    """The commit the JSON names (training and scoring where it names both)."""
+    if record.get("git_commit"):
+        return _short_commit(record["git_commit"])
+    parts = [f"{what} {_short_commit(record[key])}" for key, what in
+             (("train_git_commit", "training"), ("scoring_git_commit", "scoring")) if record.get(key)]
+    return "; ".join(parts) or NOT_RECORDED
+
+
+def config(record: dict) -> str:
+    """The config the JSON records; else the configs its command names; else "not recorded"."""
+    recorded = record.get("config")
+    if isinstance(recorded, str) and recorded:
+        return f"`{recorded}`"
+    if isinstance(recorded, dict):
+        return f"`{recorded.get('name', 'config')}` (in full in the JSON)"
+    named = sorted(set(re.findall(r"configs/[\w.-]+\.toml", record.get("command") or "")))
+    return ", ".join(f"`{c}` (its command)" for c in named) or NOT_RECORDED
+
+
+def epochs(record: dict) -> str:
+    value = record.get("epochs_completed", record.get("epochs"))
+    return number(value, 0) if value is not None else NOT_RECORDED
+
+
+def split_name(test_set: str | None) -> str:
+    """The split out of a JSON's "corpus split [languages]" ("multi30k test_2016_flickr en-de"), for the short
+    table."""
+    words = (test_set or NOT_RECORDED).split()
+    if len(words) > 1 and words[0].islower() and words[0] != "not":
+        words = words[1:]  # the corpus: the row names it
+    if len(words) > 1 and re.fullmatch(r"[a-z]{2,3}-[a-z]{2,3}", words[-1]):
+        words = words[:-1]  # the language pair: the row names it
+    return " ".join(words)
+
+
+def minutes(record: dict, key: str = "train_minutes") -> str:
+    return number(record.get(key), 1)
+
+
+def coco(scores: dict | None) -> str:
+    """"BLEU-1 60.12, ..., CIDEr 51.30" from a metrics.coco table; "" where there is none."""
+    if not isinstance(scores, dict):
+        return ""
+    return ", ".join(f"{name} {number(scores[key])}" for key, name in COCO.items() if scores.get(key) is not None)
+
+
+# --- the blocks
+
+
+def block_translation(results: dict) -> str:
+    records = [(name, label, target, results.get(name)) for name, label, target in TRANSLATION]
+    # the BLEU the papers print (lowercased, Moses-tokenised), where the JSONs hold it
+    papers = any(get(r, "metrics", "paper_bleu") is not None for *_, r in records)
+    head = ["model", "BLEU", *(["paper-style BLEU"] if papers else []), "chrF2", "test set", "beam",
+            "checkpoint (its valid BLEU)", "training", "JSON"]
+    rows = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    signatures: dict[str, set[str]] = {"BLEU": set(), "paper-style BLEU": set(), "chrF2": set()}
+    for name, label, target, r in records:
+        if r is None:
+            rows.append(f"| {label} (`{target}`) | {' | '.join([NOT_RECORDED] * (len(head) - 2))} | no {name}.json |")
+            continue
+        m = r.get("metrics", {})
+        for what, key in (("BLEU", "signature"), ("paper-style BLEU", "paper_bleu_signature"),
+                          ("chrF2", "chrf_signature")):
+            if m.get(key):
+                signatures[what].add(m[key])
+        chosen = [s for s in r.get("selection_on_valid", []) if s.get("checkpoint") == r.get("checkpoint")
+                  and s.get("len_penalty") == r.get("len_penalty")]
+        valid = f" ({number(chosen[0]['valid_bleu'])})" if chosen else ""
+        training = [counted(minutes(r), "training minutes"), counted(number(r.get("steps"), 0), "steps"),
+                    counted(epochs(r), "epochs"), counted(number(r.get("tokens_per_s"), 0), "target tokens/s"),
+                    counted(minutes(r, "wall_minutes_including_validation"), "wall minutes with validation")]
+        if r.get("launches"):
+            training.append(f"{len(r['launches'])} launches (resumed with `--resume`)")
+        cells = [f"{label} (`{target}`)", number(m.get("bleu"), bold=True),
+                 *([number(m.get("paper_bleu"))] if papers else []), number(m.get("chrf")), text(m.get("test_set")),
+                 number(r.get("beam"), 0), f"{text(r.get('checkpoint'))}{valid}", ", ".join(training),
+                 link(name, "../bench/results/")]
+        rows.append("| " + " | ".join(cells) + " |")
+    lines = rows + [""]
+    for what, found in signatures.items():
+        if found or what != "paper-style BLEU":
+            lines.append(f"{what} signature: " + (", ".join(f"`{s}`" for s in sorted(found)) or NOT_RECORDED) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def _bucket(b: dict) -> str:
+    return f"{b['min_len']}+" if b.get("max_len") is None else f"{b['min_len']}-{b['max_len']}"
+
+
+def block_by_length(results: dict, name: str) -> str:
+    r = results.get(name)
+    if r is None:
+        return f"No {name}.json: {NOT_RECORDED}.\n"
+    m = r.get("metrics", {})
+    systems = r.get("systems", {})
+    buckets = next(iter(systems.values()), {}).get("by_length", [])
+    head = "| model | checkpoint | BLEU | chrF2 | " + " | ".join(f"{_bucket(b)} words" for b in buckets) + " |"
+    rows = [head, "|---" * (4 + len(buckets)) + "|",
+            "| sentences | | | | " + " | ".join(number(b.get("n"), 0) for b in buckets) + " |"]
+    for label, s in systems.items():
+        step = Path(s.get("checkpoint") or NOT_RECORDED).name
+        rows.append(f"| {label} | {step} | {number(s.get('bleu'), bold=True)} | {number(s.get('chrf'))} | "
+                    + " | ".join(number(b.get("bleu")) for b in s.get("by_length", [])) + " |")
+    lines = [f"{text(m.get('test_set'))}: {number(m.get('sentences'), 0)} sentences, beam "
+             f"{number(r.get('beam'), 0)}, BLEU signature `{m.get('signature') or NOT_RECORDED}` "
+             f"({link(name, '../bench/results/')}). The systems' training minutes and epochs: {NOT_RECORDED} "
+             "in this JSON, which records the checkpoints it scored.", "", *rows]
+    return "\n".join(lines) + "\n"
+
+
+def block_captioning(results: dict) -> str:
+    r = results.get("flickr8k_sat")
+    if r is None:
+        return f"No flickr8k_sat.json: {NOT_RECORDED}.\n"
+    m = r.get("metrics", {})
+    scores = " / ".join(number(m.get(k)) for k in ("bleu1", "bleu2", "bleu3", "bleu4"))
+    training = [counted(minutes(r, "feature_extraction_minutes"), "minutes of grid extraction"),
+                counted(minutes(r), "training minutes"), counted(number(r.get("steps"), 0), "steps"),
+                counted(epochs(r), "epochs"),
+                counted(minutes(r, "wall_minutes_including_feature_extraction"), "wall minutes in all")]
+    rows = ["| model | split | BLEU-1 / 2 / 3 / 4 | beam | checkpoint | training | JSON |",
+            "|---|---|---|---|---|---|---|",
+            f"| Show, Attend and Tell (`make flickr8k`) | {text(m.get('split'))} | **{scores}** | "
+            f"{number(r.get('beam'), 0)} | {text(r.get('checkpoint'))} | {', '.join(training)} | "
+            f"{link('flickr8k_sat', '../bench/results/')} |"]
+    lines = [*rows, "", f"BLEU: {text(m.get('bleu_definition'))}."]
+    if coco(m.get("coco")):
+        lines.append(f"The COCO caption evaluation ({text(m.get('coco_definition'))}): {coco(m['coco'])}.")
+    others = []
+    for key in ("best_checkpoint", "last_checkpoint"):
+        if get(r, key, "bleu4") is not None:
+            also = f"; COCO {coco(get(r, key, 'coco'))}" if coco(get(r, key, "coco")) else ""
+            others.append(f"the {key.split('_')[0]} checkpoint's BLEU-4 {number(get(r, key, 'bleu4'))}{also}")
+    if others:
+        lines.append("The other checkpoints on the same split: " + ", ".join(others) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def _lm_result(m: dict) -> str:
+    window = (m.get("sliding_window") or [{}])[0]
+    sliding = f"window {number(window.get('window'), 0)}, stride {number(window.get('stride'), 0)}"
+    if m.get("valid_bpc") is not None:  # characters: the loss and bits per character
+        return (f"validation loss **{number(m.get('valid_loss'), 3)}** ({number(m.get('valid_bpc'), 3)} bits per "
+                f"character) over disjoint blocks; {number(window.get('valid_loss'), 3)} "
+                f"({number(window.get('valid_bpc'), 3)} bits per character) with a sliding window ({sliding})")
+    return (f"validation perplexity **{number(m.get('valid_ppl'), 1)}** over disjoint blocks; "
+            f"**{number(window.get('valid_ppl'), 1)}** with a sliding window ({sliding})")
+
+
+def _target(m: dict) -> str:
+    t = m.get("target") or {}
+    goal = [f"validation loss at most {number(t['valid_loss'], 2)}" if t.get("valid_loss") is not None else "",
+            f"validation perplexity at most {number(t['valid_ppl'], 1)}" if t.get("valid_ppl") is not None else ""]
+    goal = " and ".join(g for g in goal if g)
+    if not goal:
+        return NOT_RECORDED
+    return goal + (f" within {number(t['train_minutes'], 0)} training minutes" if t.get("train_minutes") else "")
+
+
+def block_language_models(results: dict) -> str:
+    rows = ["| recipe | split | result | target | parameters | training | JSON |", "|---|---|---|---|---|---|---|"]
+    for name, label, target in LANGUAGE_MODELS:
+        r = results.get(name)
+        if r is None:
+            rows.append(f"| {label} (`{target}`) | {' | '.join([NOT_RECORDED] * 5)} | no {name}.json |")
+            continue
+        m = r.get("metrics", {})
+        training = [counted(minutes(r), "training minutes"), counted(number(r.get("step"), 0), "steps"),
+                    counted(epochs(r), "epochs"), counted(number(r.get("tokens_per_s"), 0), "tokens/s")]
+        rows.append(f"| {label} (`{target}`) | {text(r.get('split'))} | {_lm_result(m)} | {_target(m)} | "
+                    f"{number(r.get('parameters'), 0)} | {', '.join(training)} | {link(name, '../bench/results/')} |")
+    return "\n".join(rows) + "\n"
+
+
+def block_transfer(results: dict) -> str:
+    r = results.get("transfer")
+    if r is None:
+        return f"No transfer.json: {NOT_RECORDED}.\n"
+    m = r.get("metrics", {})
+    steps = [c[-1]["step"] for c in (get(r, "curves", "finetune"), get(r, "curves", "scratch")) if c]
+    pretrain = r.get("pretrain_curve") or []
+    lines = [
+        f"Validation loss after {number(steps[0], 0) if steps else NOT_RECORDED} steps on Tiny Shakespeare: "
+        f"**{number(m.get('finetune_valid_loss'), 3)}** fine-tuned from the WikiText-2 model against "
+        f"**{number(m.get('scratch_valid_loss'), 3)}** from scratch, "
+        f"{number(m.get('gain_nats_per_subword'), 2)} nats per subword gained. The pretrained model: validation "
+        f"loss {number(m.get('pretrain_valid_loss'), 3)} after "
+        f"{number(pretrain[-1]['step'], 0) if pretrain else NOT_RECORDED} steps, "
+        f"{counted(minutes(r, 'pretrain_minutes'), 'training minutes')} ({link('transfer', '../bench/results/')}, "
+        "curves in [transfer.png](../bench/results/transfer.png))."]
+    return "\n".join(lines) + "\n"
+
+
+def block_complexity(results: dict) -> str:
+    r = results.get("complexity")
+    if r is None:
+        return f"No complexity.json: {NOT_RECORDED}.\n"
+    grid = r.get("grid", {})
+    ns, ds = grid.get("ns", []), grid.get("ds", [])
+    structure = get(r, "metrics", "structure", default={})
+    path_ns = [p.get("n") for p in next(iter(structure.values()), [])]
+    threads = f"{number(r.get('threads'), 0)} thread{'' if r.get('threads') == 1 else 's'}"
+    lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}): {number(r.get('seconds'), 0)} s; time and FLOPs "
+             f"at n = {', '.join(map(str, ns))} and d = {', '.join(map(str, ds))}, batch "
+             f"{number(grid.get('batch'), 0)}, {threads}; convolution kernel {number(r.get('kernel'), 0)} "
+             f"([complexity.json](../bench/results/complexity.json), "
+             "[complexity.png](../bench/results/complexity.png)).", "",
+             "| layer | sequential steps at n = " + " / ".join(map(str, path_ns)) + " | longest path | "
+             "equal to the lectures' table |", "|---|---|---|---|"]
+    for layer, points in structure.items():
+        steps = " / ".join("-" if p.get("sequential_steps") is None else str(p["sequential_steps"]) for p in points)
+        path = " / ".join("-" if p.get("path_length") is None else str(p["path_length"]) for p in points)
+        same = all(p.get("sequential_steps") == p.get("theory_sequential_steps")
+                   and p.get("path_length") == p.get("theory_path_length") for p in points)
+        lines.append(f"| {LAYERS.get(layer, layer.replace('_', ' '))} | {steps} | {path} | {'yes' if same else 'no'} |")
+    lines += ["", "| d | self-attention's forward FLOPs exceed the GRU's from n = | its forward + backward time, "
+              "from n = | the fused kernel's, from n = |", "|---|---|---|---|"]
+    never = "not within the grid"
+    for d, c in get(r, "metrics", "crossover_n", default={}).items():
+        cells = [never if c.get(k) is None else number(c[k], 0) for k in ("flops", "time", "time_fused")]
+        lines.append(f"| {d} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def block_sources(results: dict) -> str:
+    rows = ["| JSON | config | commit | machine | torch | date | training minutes | epochs |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        rows.append(f"| {link(name, '../bench/results/')} | {config(r)} | {commit(r)} | {machine(r)} | "
+                    f"{torch_version(r)} | {date(r)} | {minutes(r)} | {epochs(r)} |")
+    return "\n".join(rows) + "\n"
+
+
+def block_readme(results: dict) -> str:
+    """The README's table: one line a recipe, the detail in docs/results.md."""
+    p = "bench/results/"
+    rows = ["| recipe | result | training | JSON |", "|---|---|---|---|"]
+
+    def row(name: str, label: str, result, training) -> None:
+        r = results.get(name)
+        if r is None:
+            rows.append(f"| {label} | {NOT_RECORDED} | {NOT_RECORDED} | no {name}.json |")
+        else:
+            rows.append(f"| {label} | {result(r, r.get('metrics', {}))} | {training(r)} | [JSON]({p}{name}.json) |")
+
+    def trained(r: dict) -> str:
+        text = f"{minutes(r)} min" if r.get("train_minutes") is not None else NOT_RECORDED
+        return text + (f", {epochs(r)} epochs" if r.get("epochs_completed") is not None else "")
+
+    for name, label, _ in TRANSLATION:
+        row(name, f"Multi30k en→de, {label}", lambda r, m: f"BLEU {number(m.get('bleu'))}, chrF2 "
+            f"{number(m.get('chrf'))} ({split_name(m.get('test_set'))})", trained)
+    row("bleu_by_length_tatoeba", "Tatoeba by length: " + " / ".join(
+        get(results, "bleu_by_length_tatoeba", "metrics", "bleu", default={})),
+        lambda r, m: "BLEU " + " / ".join(number(v) for v in m.get("bleu", {}).values())
+        + f" ({split_name(m.get('test_set'))})", trained)
+    row("flickr8k_sat", "Flickr8k, Show-Attend-Tell", lambda r, m: f"BLEU-1 {number(m.get('bleu1'))}, BLEU-4 "
+        f"{number(m.get('bleu4'))} (dev, beam {number(r.get('beam'), 0)})", trained)
+    row("tinyshakespeare_char", "Tiny Shakespeare, character GPT",
+        lambda r, m: f"validation loss {number(m.get('valid_loss'), 3)}", trained)
+    row("wikitext2_word", "WikiText-2, word GPT", lambda r, m: f"validation perplexity {number(m.get('valid_ppl'), 1)}"
+        f"; {number(get(m, 'sliding_window', default=[{}])[0].get('valid_ppl'), 1)} with a sliding window", trained)
+    row("transfer", "transfer to Tiny Shakespeare", lambda r, m: f"validation loss "
+        f"{number(m.get('finetune_valid_loss'), 3)} fine-tuned vs {number(m.get('scratch_valid_loss'), 3)} "
+        "from scratch", trained)
+    shown = [results[n] for n in ("multi30k_en_de", "multi30k_en_de_rnnsearch", "multi30k_en_de_rnnencdec",
+                                  "bleu_by_length_tatoeba", "flickr8k_sat", "tinyshakespeare_char", "wikitext2_word",
+                                  "transfer") if n in results]
+    where = sorted({f"{machine(r)}, torch {torch_version(r)}" for r in shown})
+    return "\n".join(rows) + f"\n\nRun on: {'; '.join(where) or NOT_RECORDED}.\n"
+
+
+def block_decode_precision(results: dict) -> str:
+    """attnkit at each precision against CTranslate2, cell by cell, and BLEU per precision."""
+    r = results.get("decode_precision")
+    if r is None:
+        return f"No decode_precision.json: {NOT_RECORDED}.\n"
+    systems = r.get("systems", {})
+    labels = list(systems.get("attnkit_fp32", {}))
+    names = [n for n in systems if n.startswith("attnkit_")] + [n for n in systems if n.startswith("ctranslate2")]
+    lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
+             f"{number(r.get('threads'), 0)} thread; CPU flags: {', '.join(get(r, 'metrics', 'cpu_flags', default=[]))}"
+             f"; checkpoint `{text(r.get('checkpoint'))}`; batch-1 cells over the first "
+             f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over {number(r.get('sentences'), 0)}; "
+             f"{link('decode_precision', '../bench/results/')}).", "",
+             "| tokens/s | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label in labels:
+        lines.append(f"| {label} | " + " | ".join(number(get(systems, n, label, "tokens_per_s"), 0) for n in names)
+                     + " |")
+    lines.append("| BLEU, beam 5 (test) | " + " | ".join(number(get(systems, n, "beam5/batch64", "bleu"))
+                                                     for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# NAME in the markers -> the file that holds the block and how it is written
+BLOCKS = {
+    "translation": ("docs/results.md", block_translation),
+    "by-length-tatoeba": ("docs/results.md", lambda r: block_by_length(r, "bleu_by_length_tatoeba")),
+    "by-length-multi30k": ("docs/results.md", lambda r: block_by_length(r, "bleu_by_length_multi30k")),
+    "captioning": ("docs/results.md", block_captioning),
+    "language-models": ("docs/results.md", block_language_models),
+    "transfer": ("docs/results.md", block_transfer),
+    "complexity": ("docs/results.md", block_complexity),
+    "sources": ("docs/results.md", block_sources),
+    "readme": ("README.md", block_readme),
+    "decode-precision": ("docs/performance.md", block_decode_precision),
+}
+
+
+def render(text: str, path: str, results: dict) -> str:
+    """``text`` (the file at ``path``) with each of its generated blocks written anew from ``results``."""
+    names = OPENING.findall(text)
+    unknown = sorted(set(names) - {n for n, (p, _) in BLOCKS.items() if p == path})
+    missing = sorted({n for n, (p, _) in BLOCKS.items() if p == path} - set(names))
+    if unknown or missing or len(names) != len(set(names)) or len(BLOCK.findall(text)) != len(names):
+        raise SystemExit(f"{path}: generated-block markers wrong: unknown {unknown}, missing {missing}, "
+                         "or one is repeated or unclosed")
+    return BLOCK.sub(lambda m: m.group(1) + BLOCKS[m.group("name")][1](results) + m.group(4), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff if the docs are stale")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this script's)")
+    args = parser.parse_args(argv)
+    results = load_all(args.root / "bench" / "results")
+    stale = []
+    for path in sorted({p for p, _ in BLOCKS.values()}):
+        file = args.root / path
+        old = file.read_text(encoding="utf-8")
+        new = render(old, path, results)
+        if new == old:
+            continue
+        stale.append(path)
+        if args.check:
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"{path} (now)",
+                                                       f"{path} (from bench/results/*.json)"))
+        else:
+            file.write_text(new, encoding="utf-8")
+            print(f"bench/results.py: rewrote the generated blocks of {path}")
+    if args.check and stale:
+        print(f"bench/results.py --check: {', '.join(stale)} disagree with bench/results/*.json; run `make results`",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

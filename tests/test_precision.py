@@ -1,0 +1,135 @@
+"""bf16 and int8 decoding (attnkit.fast.precision): the int8 product equals its fp64 reference, both precisions
+decode close to fp32, and a CPU without the instructions gets a one-line refusal, never a slow path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attnkit import fast
+from attnkit.decode import beam_search, greedy, max_lengths
+from attnkit.errors import AttnkitError
+from attnkit.fast.precision import (
+    NEEDS,
+    Int8Linear,
+    at_precision,
+    check_precision,
+    cpu_flags,
+    int8_linear_reference,
+    quantize_rows,
+)
+from attnkit.models import PAD
+from conftest import random_src, toy_trained_model
+
+
+def runs_here(precision: str) -> bool:
+    return any(f in cpu_flags() for f in NEEDS[precision])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return toy_trained_model(steps=120)
+
+
+@pytest.fixture(scope="module")
+def src():
+    return random_src([7, 5, 3, 6, 1, 4, 7, 2], seed=5)
+
+
+def test_rows_are_quantized_symmetrically_to_within_half_a_step():
+    x = torch.randn(6, 40) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 1.0, 0.0])[:, None]
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.int8 and scale.shape == (6, 1)
+    assert int(q.abs().amax(-1)[:5].min()) == 127  # each row's largest entry maps to +-127
+    assert torch.all((q.float() * scale - x).abs() <= scale / 2 + 1e-7)
+    assert torch.equal(q[5], torch.zeros(40, dtype=torch.int8))  # a zero row stays zero
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17, 64])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_int8_product_equals_its_reference(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias)
+    q = Int8Linear(linear)
+    x = torch.randn(2, rows, 96)
+    want = int8_linear_reference(x, q.q_weight_t.t(), q.w_scale[:, None], q.bias)
+    torch.testing.assert_close(q(x), want, rtol=1e-5, atol=1e-5)
+    # and close to fp32: int8 rounding of both operands, about 1% of the output's scale
+    exact = linear(x).detach()
+    assert float((q(x) - exact).abs().max()) < 0.02 * float(exact.abs().max())
+    # the readable weight is the dequantized one, which sliced products use
+    torch.testing.assert_close(q.weight, q.q_weight_t.t().float() * q.w_scale[:, None])
+
+
+def test_a_cpu_without_the_instructions_gets_one_line_naming_them():
+    for precision in ("bf16", "int8"):
+        with pytest.raises(AttnkitError) as e:
+            check_precision(precision, flags=frozenset({"avx2", "fma"}))
+        message = str(e.value)
+        assert "\n" not in message and message.startswith("precision: ")
+        assert all(flag in message for flag in NEEDS[precision])
+        check_precision(precision, flags=frozenset({NEEDS[precision][0]}))  # one of them is enough
+    check_precision("fp32", flags=frozenset())
+    with pytest.raises(AttnkitError, match="precision: 'fp16' is not one of fp32, bf16, int8"):
+        check_precision("fp16")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_lower_precision_decodes_close_to_fp32_and_leaves_the_model_alone(model, src, precision):
+    if not runs_here(precision):
+        with pytest.raises(AttnkitError, match=f"precision: {precision} needs"):
+            at_precision(model, precision)
+        pytest.skip(f"this CPU has none of {NEEDS[precision]}: refused, as tested")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    low = fast.decoder(model, precision=precision)
+    ref = fast.decoder(model)
+    lens = max_lengths(src.ne(PAD).sum(1), 1.0, 4)
+    # greedy and beam search: the same outputs but for at most one sentence, scores within 5%
+    ours = greedy(low, low.init_state(low.encode(src)), lens)
+    theirs = greedy(ref, ref.init_state(ref.encode(src)), lens)
+    same = sum(a.tokens == b.tokens for a, b in zip(ours, theirs))
+    assert same >= len(theirs) - 1, (precision, [a.tokens for a in ours], [b.tokens for b in theirs])
+    for a, b in zip(ours, theirs):
+        if a.tokens == b.tokens:
+            assert abs(a.score - b.score) < 0.05 * max(1.0, abs(b.score)), (precision, a.score, b.score)
+    beams = beam_search(low, low.init_state(low.encode(src)), lens, beam_size=4)
+    ref_beams = beam_search(ref, ref.init_state(ref.encode(src)), lens, beam_size=4)
+    assert sum(a[0].tokens == b[0].tokens for a, b in zip(beams, ref_beams)) >= len(ref_beams) - 1
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # decoding at a precision used a copy
+    kinds = {type(m).__name__ for m in low.model.modules()}
+    if precision == "int8":
+        assert "Int8Linear" in kinds and "Linear" not in kinds
+    else:
+        assert all(p.dtype == torch.bfloat16 for p in low.model.parameters())
+
+
+def test_compiled_decoding_at_a_lower_precision_is_refused_in_one_line(model):
+    with pytest.raises(AttnkitError, match="precision: compiled decoding is fp32"):
+        fast.decoder(model, compile=True, precision="int8")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_the_command_line_decodes_at_a_precision_or_refuses_in_one_line(trained_checkpoint, dates_pairs, precision):
+    """``attnkit translate --precision``: the translations of a CPU that has the instructions (close to fp32's: at
+    most one of eight differs), else one line naming what is missing and exit status 2."""
+    import subprocess
+
+    from test_cli import ENV, attnkit_cmd
+
+    sources = "\n".join(dates_pairs.src[:8]) + "\n"
+
+    def translate(*extra):
+        return subprocess.run(attnkit_cmd("translate", "--checkpoint", str(trained_checkpoint), "--beam", "1",
+                                          "--threads", "1", *extra), input=sources, capture_output=True, text=True,
+                              env=ENV, timeout=120)
+
+    out = translate("--precision", precision)
+    if not runs_here(precision):
+        assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+        assert f"precision: {precision} needs" in out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    ours, fp32 = out.stdout.splitlines(), translate().stdout.splitlines()
+    assert len(ours) == len(fp32) == 8 and sum(a == b for a, b in zip(ours, fp32)) >= 7
