@@ -101,22 +101,6 @@ def date(record: dict) -> str:
     return str(record["date"])[:10] if record.get("date") else NOT_RECORDED
 
 
-def _short_commit(text: str) -> str:
-    m = re.match(r"\s*([0-9a-f]{7,40})(-dirty)?", text)
-    if not m:
-        return text
-    return f"`{m.group(1)[:10]}`" + (" + uncommitted changes" if m.group(2) else "")
-
-
-def commit(record: dict) -> str:
-    """The commit the JSON names (training and scoring where it names both)."""
-    if record.get("git_commit"):
-        return _short_commit(record["git_commit"])
-    parts = [f"{what} {_short_commit(record[key])}" for key, what in
-             (("train_git_commit", "training"), ("scoring_git_commit", "scoring")) if record.get(key)]
-    return "; ".join(parts) or NOT_RECORDED
-
-
 def config(record: dict) -> str:
     """The config the JSON records; else the configs its command names; else "not recorded"."""
     recorded = record.get("config")
@@ -335,10 +319,10 @@ def block_complexity(results: dict) -> str:
 
 
 def block_sources(results: dict) -> str:
-    rows = ["| JSON | config | commit | machine | torch | date | training minutes | epochs |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| JSON | config | machine | torch | date | training minutes | epochs |",
+            "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
-        rows.append(f"| {link(name, '../bench/results/')} | {config(r)} | {commit(r)} | {machine(r)} | "
+        rows.append(f"| {link(name, '../bench/results/')} | {config(r)} | {machine(r)} | "
                     f"{torch_version(r)} | {date(r)} | {minutes(r)} | {epochs(r)} |")
     return "\n".join(rows) + "\n"
 
@@ -382,6 +366,11 @@ def block_readme(results: dict) -> str:
     return "\n".join(rows) + f"\n\nRun on: {'; '.join(where) or NOT_RECORDED}.\n"
 
 
+def _local(path: str | None) -> str | None:
+    """A checkpoint path as its run names it (from ``runs/``), not the machine's absolute path."""
+    return path if path is None or "/runs/" not in path else "runs/" + path.split("/runs/", 1)[1]
+
+
 def block_decode_precision(results: dict) -> str:
     """attnkit at each precision against CTranslate2, cell by cell, and BLEU per precision."""
     r = results.get("decode_precision")
@@ -392,7 +381,7 @@ def block_decode_precision(results: dict) -> str:
     names = [n for n in systems if n.startswith("attnkit_")] + [n for n in systems if n.startswith("ctranslate2")]
     lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
              f"{number(r.get('threads'), 0)} thread; CPU flags: {', '.join(get(r, 'metrics', 'cpu_flags', default=[]))}"
-             f"; checkpoint `{text(r.get('checkpoint'))}`; batch-1 cells over the first "
+             f"; checkpoint `{text(_local(r.get('checkpoint')))}`; batch-1 cells over the first "
              f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over {number(r.get('sentences'), 0)}; "
              f"{link('decode_precision', '../bench/results/')}).", "",
              "| tokens/s | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]

@@ -25,7 +25,7 @@ for 64 clients on 2 busy cores and lets the clients split into groups that take 
     python bench/serve_load.py                       # -> bench/results/serve_load.json
     python bench/serve_load.py --duration 10 --sequential-seconds 5 --out /tmp/quick.json
 
-Targets (issue 22): concurrent >= 5x sequential (ratios.over_sequential) and >= 60% of offline (ratios.of_offline),
+Targets: concurrent >= 5x sequential (ratios.over_sequential) and >= 60% of offline (ratios.of_offline),
 outputs identical to offline, no errors but designed 429s, memory growth bounded (--memory-bound-mib).
 """
 
