@@ -40,7 +40,7 @@ def translate_options(m, body, settings) -> tuple:
     return beam, float(penalty), body.n_best, body.attention
 
 
-def _max_positions(model) -> int | None:
+def learned_positions(model) -> int | None:
     cfg = model.module.cfg if hasattr(model.module, "cfg") else None
     if cfg is not None and getattr(cfg, "positional", None) == "learned":
         return cfg.max_positions
@@ -51,14 +51,14 @@ def source_token_limit(m, settings) -> int:
     """Tokens a source sentence may have (EOS not counted): the server's limit, the model's learned positions
     (one is EOS's) and the checkpoint's ``decode.max_source_tokens``, whichever is least."""
     limit = min(settings.max_source_tokens, m.model.config.decode.max_source_tokens)
-    positions = _max_positions(m.model)
+    positions = learned_positions(m.model)
     return limit if positions is None else min(limit, positions - 1)
 
 
 def prompt_token_limit(m, settings) -> int:
     """Tokens a language model's text may have: its learned positions less BOS and one new token, else four times
     the server's source limit; never more than the checkpoint's ``decode.max_source_tokens``."""
-    positions = _max_positions(m.model)
+    positions = learned_positions(m.model)
     limit = settings.max_source_tokens * 4 if positions is None else positions - 2
     return min(limit, m.model.config.decode.max_source_tokens)
 
@@ -83,7 +83,7 @@ def check_prompt(m, text: str, settings, field: str = "prompt") -> int:
     limit = prompt_token_limit(m, settings)
     if n > limit:
         raise ApiError(413, f"{field}: {n} tokens, more than {limit} (the model's positions, with BOS and one "
-                            "new token)" if _max_positions(m.model) else f"{field}: {n} tokens, more than this "
+                            "new token)" if learned_positions(m.model) else f"{field}: {n} tokens, more than this "
                             f"server's limit of {limit}")
     return n
 
@@ -102,7 +102,7 @@ def serves(m, endpoint: str) -> bool:
     if endpoint == "/v1/score":
         return "caption" not in model.capabilities  # a captioner's sources are images: not sent as JSON
     if endpoint == "/v1/positional":
-        return any(_positional(model, side) is not None for side in ("source", "target"))
+        return any(positional_encoding(model, side) is not None for side in ("source", "target"))
     return True
 
 
@@ -133,7 +133,7 @@ def describe(m, default: bool) -> dict:
 
         grid = list(grid_shape(model.config.data.image_grid)[1:])
     cfg = getattr(model.module, "cfg", None)
-    positional = getattr(cfg, "positional", None) if _positional(model, "target") is not None else None
+    positional = getattr(cfg, "positional", None) if positional_encoding(model, "target") is not None else None
     decode = {"beam": d.beam_size, "len_penalty": d.len_penalty, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
     if "caption" in model.capabilities:
         decode["max_caption_len"] = d.max_caption_len
@@ -320,7 +320,7 @@ def run_generate(job: Job, settings) -> dict:
     body, m = job.payload, job.served
     model, tok = m.model, m.model.tokenizers
     ids = tok.encode([body.prompt])[0]
-    window = _max_positions(model)
+    window = learned_positions(model)
     steps = len(ids) + body.max_tokens + 1
     generator = None if body.seed is None else torch.Generator().manual_seed(body.seed)
     if (body.stream or body.top or body.attention) and (window is None or steps <= window):
@@ -436,7 +436,7 @@ def _image_file(data: bytes):
         os.unlink(path)
 
 
-def _grid(model) -> list[int]:
+def image_grid(model) -> list[int]:
     from attnkit.nn.vision import grid_shape
 
     return list(grid_shape(model.config.data.image_grid)[1:])
@@ -448,7 +448,7 @@ def run_caption(job: Job, settings) -> dict:
         c = m.model.caption(path, beam=p["beam"], details=True)
     h = c.hypotheses[0]
     out = {"model": m.name, "caption": c.text[0], "words": list(m.model.tokenizers.id_to_piece(h.tokens)) + ["<end>"],
-           "score": _score(h.score), "grid": _grid(m.model)}
+           "score": _score(h.score), "grid": image_grid(m.model)}
     if p["attention"]:
         out["attention"] = [] if h.attention is None else _rounded(h.attention)
     return out
@@ -469,7 +469,7 @@ def run_attention(job: Job, settings) -> dict:
 
     return {"model": m.name, "family": model.family, "source": att.source, "target": att.target, "output": att.text,
             "score": _score(att.score), "encoder": maps(att.encoder), "decoder": maps(att.decoder),
-            "cross": maps(att.cross), "grid": _grid(model) if "caption" in model.capabilities else None,
+            "cross": maps(att.cross), "grid": image_grid(model) if "caption" in model.capabilities else None,
             "masked": {"heads": heads, "source": sorted(set(body.mask_source))}}
 
 
@@ -482,7 +482,7 @@ def run_score(job: Job, settings) -> dict:
     return {"model": m.name, "scores": [_score(s) for s in scores]}
 
 
-def _positional(model, side: str):
+def positional_encoding(model, side: str):
     module = model.module
     names = ("embed",) if model.family == "transformer_lm" else (("src_embed",) if side == "source" else
                                                                   ("tgt_embed",))
@@ -495,10 +495,10 @@ def _positional(model, side: str):
 
 def run_positional(job: Job, settings) -> dict:
     m, body = job.served, job.payload
-    positional = _positional(m.model, body.side)
+    positional = positional_encoding(m.model, body.side)
     if positional is None:
         raise ApiError(422, f"side: {m.name} ({m.model.family}) has no {body.side} positional encoding")
-    limit = _max_positions(m.model)
+    limit = learned_positions(m.model)
     if limit is not None and body.positions > limit:
         raise ApiError(422, f"positions: {body.positions} is more than the model's {limit} learned positions")
     with torch.no_grad():

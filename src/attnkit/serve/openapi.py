@@ -16,8 +16,7 @@ limits are. This document is written from the served models and :class:`~attnkit
 
 from __future__ import annotations
 
-from attnkit.serve.compute import _positional as positional_of
-from attnkit.serve.compute import default_for, serves
+from attnkit.serve.compute import default_for, image_grid, learned_positions, positional_encoding, serves
 from attnkit.serve.settings import Settings
 
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -86,9 +85,7 @@ def _mask_source(model) -> dict:
     if model.family in ("transformer_lm", "show_attend_tell", "rnn_encdec"):
         return _array(INTEGER, maxItems=0, description=f"a {model.family} model cannot hide source tokens")
     if "caption" in model.capabilities:
-        from attnkit.serve.compute import _grid
-
-        h, w = _grid(model)
+        h, w = image_grid(model)
         return _array({"type": "integer", "minimum": 0, "maximum": h * w - 1},
                       description=f"grid cells to hide (row-major, {h} x {w})")
     return _array({"type": "integer", "minimum": 0}, description="source positions to hide, EOS included",
@@ -96,7 +93,7 @@ def _mask_source(model) -> dict:
 
 
 def _positional_sides(model) -> list[str]:
-    return [side for side in ("source", "target") if positional_of(model, side) is not None]
+    return [side for side in ("source", "target") if positional_encoding(model, side) is not None]
 
 
 # --- request bodies, one branch per model
@@ -187,9 +184,7 @@ def _score(m, default: str, s: Settings) -> dict:
 
 
 def _positional(m, default: str, s: Settings) -> dict:
-    from attnkit.serve.compute import _max_positions
-
-    learned = _max_positions(m.model)
+    learned = learned_positions(m.model)
     sides = _positional_sides(m.model)
     return _branch(m, default, {
         "positions": {"type": "integer", "minimum": 1, "maximum": min(2048, learned or 2048), "default": 50},
