@@ -59,6 +59,11 @@ def get(record: dict | None, *path, default=None):
     return node
 
 
+def absent(name: str) -> str:
+    """A block's text where ``bench/results/NAME.json`` does not exist."""
+    return f"No {name}.json: {NOT_RECORDED}.\n"
+
+
 def number(value, digits: int = 2, bold: bool = False) -> str:
     """``value`` with ``digits`` decimals and thousands separators; "not recorded" for a missing value."""
     if value is None:
@@ -207,7 +212,7 @@ def block_by_length(results: dict, name: str) -> str:
 def block_captioning(results: dict) -> str:
     r = results.get("flickr8k_sat")
     if r is None:
-        return f"No flickr8k_sat.json: {NOT_RECORDED}.\n"
+        return absent("flickr8k_sat")
     m = r.get("metrics", {})
     scores = " / ".join(number(m.get(k)) for k in ("bleu1", "bleu2", "bleu3", "bleu4"))
     training = [counted(minutes(r, "feature_extraction_minutes"), "minutes of grid extraction"),
@@ -271,7 +276,7 @@ def block_language_models(results: dict) -> str:
 def block_transfer(results: dict) -> str:
     r = results.get("transfer")
     if r is None:
-        return f"No transfer.json: {NOT_RECORDED}.\n"
+        return absent("transfer")
     m = r.get("metrics", {})
     steps = [c[-1]["step"] for c in (get(r, "curves", "finetune"), get(r, "curves", "scratch")) if c]
     pretrain = r.get("pretrain_curve") or []
@@ -290,7 +295,7 @@ def block_transfer(results: dict) -> str:
 def block_complexity(results: dict) -> str:
     r = results.get("complexity")
     if r is None:
-        return f"No complexity.json: {NOT_RECORDED}.\n"
+        return absent("complexity")
     grid = r.get("grid", {})
     ns, ds = grid.get("ns", []), grid.get("ds", [])
     structure = get(r, "metrics", "structure", default={})
@@ -375,7 +380,7 @@ def block_decode_precision(results: dict) -> str:
     """attnkit at each precision against CTranslate2, cell by cell, and BLEU per precision."""
     r = results.get("decode_precision")
     if r is None:
-        return f"No decode_precision.json: {NOT_RECORDED}.\n"
+        return absent("decode_precision")
     systems = r.get("systems", {})
     labels = list(systems.get("attnkit_fp32", {}))
     names = [n for n in systems if n.startswith("attnkit_")] + [n for n in systems if n.startswith("ctranslate2")]

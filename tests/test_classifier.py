@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.data import WordPiece
+from attnkit.data.wordpiece import collate_sentences, truncate_pair
 from attnkit.errors import AttnkitError
-from attnkit.models import SequenceClassifier, encode_sentences, load_bert, load_pretrained_classifier
-from attnkit.models.classifier import collate_sentences, encode_example, mean_pooling, truncate_pair
+from attnkit.models import SequenceClassifier, load_bert, load_pretrained_classifier
+from attnkit.models.classifier import mean_pooling
 
 transformers = pytest.importorskip("transformers")
 
@@ -61,7 +62,7 @@ def models1(minilm_directory):
 
 
 def batches(tok):
-    return {"singles": encode_sentences(tok, SINGLES), "pairs": encode_sentences(tok, FIRST, SECOND)}
+    return {"singles": tok.sentences(SINGLES), "pairs": tok.sentences(FIRST, SECOND)}
 
 
 def hf_inputs(batch):
@@ -71,29 +72,29 @@ def hf_inputs(batch):
 
 def test_sentences_and_pairs_encode_as_hugging_face_does(tok, hf_tok):
     for first, second in ((SINGLES, None), (FIRST, SECOND)):
-        ours = encode_sentences(tok, first, second)
+        ours = tok.sentences(first, second)
         theirs = hf_tok(first, second, padding=True, return_tensors="pt")
         assert torch.equal(ours.tokens, theirs.input_ids)
         assert torch.equal(ours.token_types, theirs.token_type_ids)
         assert torch.equal(~ours.padding_mask, theirs.attention_mask.bool())
-    pair = encode_sentences(tok, FIRST[1:2], SECOND[1:2])
+    pair = tok.sentences(FIRST[1:2], SECOND[1:2])
     assert tok.id_to_piece(pair.tokens[0]) == ["[CLS]", "two", "dogs", "run", ".", "[SEP]", "dogs", "are", "running",
                                                ".", "[SEP]"]
     assert pair.token_types[0].tolist() == [0] * 6 + [1] * 5
     # dynamic padding: as wide as the batch's longest row, never a fixed 128
-    assert encode_sentences(tok, ["short", "a bit longer"]).tokens.shape == (2, 5)
+    assert tok.sentences(["short", "a bit longer"]).tokens.shape == (2, 5)
     # pairs too long for max_len are cut longest first, as Hugging Face does
     long_a, long_b = "word " * 140, "thing " * 150
     for a, b in ((long_a, "short one"), ("short one", long_b), (long_a, long_b), (long_b, long_a),
                  ("x " * 200, "y " * 200), ("x " * 200, "y " * 201)):
-        ids, types = encode_example(tok, a, b)
+        ids, types = tok.example(a, b)
         theirs = hf_tok(a, b, truncation=True, max_length=tok.max_len)
         assert ids == theirs.input_ids and types == theirs.token_type_ids, (len(a), len(b))
     assert truncate_pair([1] * 5, [2] * 6, 9) == ([1] * 4, [2] * 5)
     assert truncate_pair([1] * 5, [2] * 5, 9) == ([1] * 4, [2] * 5)  # a tie: the second keeps more
     assert truncate_pair([1] * 2, [2] * 9, 9) == ([1] * 2, [2] * 7)
     with pytest.raises(AttnkitError, match="second sentences"):
-        encode_sentences(tok, FIRST, SECOND[:1])
+        tok.sentences(FIRST, SECOND[:1])
 
 
 @torch.no_grad()
@@ -151,10 +152,10 @@ def test_padding_never_changes_logits(models3, tok, pooling):
     _, cls_model = models3
     model = cls_model if pooling == "cls" else SequenceClassifier(cls_model.encoder, 3, pooling="mean").eval()
     for first, second in ((SINGLES, None), (FIRST, SECOND)):
-        batch = encode_sentences(tok, first, second)
+        batch = tok.sentences(first, second)
         together = model(batch.tokens, batch.padding_mask, batch.token_types).logits
         for i in range(len(first)):
-            one = encode_sentences(tok, first[i:i + 1], None if second is None else second[i:i + 1])
+            one = tok.sentences(first[i:i + 1], None if second is None else second[i:i + 1])
             assert not one.padding_mask.any()
             alone = model(one.tokens, None, one.token_types).logits
             assert (alone[0] - together[i]).abs().max() <= ATOL, (pooling, i)
@@ -164,7 +165,7 @@ def test_padding_never_changes_logits(models3, tok, pooling):
 def test_mean_pooling_is_the_mean_over_real_tokens(models3, tok):
     encoder = models3[1].encoder
     model = SequenceClassifier(encoder, 3, pooling="mean").eval()
-    batch = encode_sentences(tok, FIRST, SECOND)
+    batch = tok.sentences(FIRST, SECOND)
     states = encoder(batch.tokens, batch.padding_mask, batch.token_types)
     lengths = (~batch.padding_mask).sum(1).tolist()
     by_hand = torch.stack([states[i, :n].mean(0) for i, n in enumerate(lengths)])
@@ -176,13 +177,13 @@ def test_mean_pooling_is_the_mean_over_real_tokens(models3, tok):
     noisy_types = batch.token_types.masked_fill(batch.padding_mask, 1)
     assert (model(noisy_tokens, batch.padding_mask, noisy_types).logits - logits).abs().max() <= ATOL
     # normalised, it is sentence-transformers' embedding (BertEncoder.embed) of a single sentence
-    singles = encode_sentences(tok, SINGLES)
+    singles = tok.sentences(SINGLES)
     pooled = mean_pooling(encoder(singles.tokens, singles.padding_mask), singles.padding_mask)
     assert (F.normalize(pooled, dim=-1) - encoder.embed(singles.tokens, singles.padding_mask)).abs().max() <= 1e-6
 
 
 def test_losses_are_cross_entropy_and_squared_error(models3, models1, tok):
-    batch = encode_sentences(tok, SINGLES)
+    batch = tok.sentences(SINGLES)
     encoder = models3[1].encoder
     y = torch.tensor([2, 0, 1, 2])
     weights = torch.tensor([0.2, 1.0, 3.0])
@@ -208,7 +209,7 @@ def test_losses_are_cross_entropy_and_squared_error(models3, models1, tok):
 @torch.no_grad()
 def test_attention_maps_per_layer_and_head(models3, tok):
     hf, ours = models3
-    batch = encode_sentences(tok, FIRST, SECOND)
+    batch = tok.sentences(FIRST, SECOND)
     out = ours(batch.tokens, batch.padding_mask, batch.token_types, need_weights=True)
     assert ours(batch.tokens, batch.padding_mask, batch.token_types).attention is None
     maps = out.attention.encoder

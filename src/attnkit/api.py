@@ -269,8 +269,14 @@ class Model:
             heads.setdefault(layers[layer], set()).add(head)
         return heads
 
+    @property
+    def can_mask_source(self) -> bool:
+        """Whether ``mask_source`` can hide source tokens: a language model has no source, Show-Attend-Tell and the
+        RNN encoder-decoder without attention no source padding to hide them with."""
+        return self.family not in ("transformer_lm", "show_attend_tell", "rnn_encdec")
+
     def _check_source_mask(self, positions: list[int], source_length: int | None) -> None:
-        if self.family in ("transformer_lm", "show_attend_tell", "rnn_encdec"):
+        if not self.can_mask_source:
             what = "no source" if self.family == "transformer_lm" else "no source padding to hide tokens with"
             raise AttnkitError(f"mask_source: a {self.family} model has {what}")
         if source_length is not None and not all(0 <= p < source_length for p in positions):

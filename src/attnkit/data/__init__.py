@@ -34,7 +34,7 @@ from attnkit.data.text import (
 )
 from attnkit.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_tokenizer
 from attnkit.data.vocab import WordVocab, words
-from attnkit.data.wordpiece import WordPiece
+from attnkit.data.wordpiece import SentenceBatch, WordPiece
 
 __all__ = [
     "BOS",
@@ -78,6 +78,6 @@ __all__ = [
     "shifted_blocks",
     "stream_blocks",
     "token_batches",
-    "train_tokenizer", "WordPiece", "WordVocab", "words",
+    "train_tokenizer", "SentenceBatch", "WordPiece", "WordVocab", "words",
     "write_lines",
 ]

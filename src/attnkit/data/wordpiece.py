@@ -7,7 +7,8 @@ Two stages, as BERT's own code does them:
               after the first carry "##"; a word that cannot be cut becomes [UNK].
 
 Unlike attnkit's own tokenizers, the ids are the pretrained vocabulary's ([PAD] 0, [UNK] 100,
-[CLS] 101, [SEP] 102 in BERT's), and ``encode`` adds [CLS] ... [SEP] as BERT expects.
+[CLS] 101, [SEP] 102 in BERT's), and ``encode`` adds [CLS] ... [SEP] as BERT expects; ``sentences``
+batches single sentences or pairs with their token types.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -74,6 +76,53 @@ def basic_tokenize(text: str, lowercase: bool = True) -> list[str]:
         if current:
             words.append("".join(current))
     return words
+
+
+@dataclass
+class SentenceBatch:
+    """BERT's inputs for a batch: tokens [B, T] (``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, then [PAD]),
+    token_types [B, T] (0 sentence A, 1 sentence B, 0 at padding), padding_mask [B, T] (True = pad). T is the
+    longest row of this batch."""
+
+    tokens: Tensor
+    token_types: Tensor
+    padding_mask: Tensor
+
+    def to(self, device: torch.device | str) -> SentenceBatch:
+        return SentenceBatch(self.tokens.to(device), self.token_types.to(device), self.padding_mask.to(device))
+
+    def __len__(self) -> int:
+        return self.tokens.size(0)
+
+
+def truncate_pair(first: list[int], second: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """Hugging Face's "longest_first" cut of a pair to ``budget`` pieces (its fast tokenizer's): a shorter side
+    that fits in half the budget is kept whole and the longer side (the second on a tie) takes the rest;
+    otherwise the shorter side keeps half, rounded down, and the longer side the rest. Pieces are cut from the
+    end."""
+    if len(first) + len(second) <= budget:
+        return first, second
+    swap = len(first) <= len(second)
+    longer, shorter = (second, first) if swap else (first, second)
+    n_short = min(len(shorter), budget // 2)
+    longer, shorter = longer[: budget - n_short], shorter[:n_short]
+    return (shorter, longer) if swap else (longer, shorter)
+
+
+def collate_sentences(examples: Sequence[tuple[list[int], list[int]]], pad_id: int = 0) -> SentenceBatch:
+    """(ids, token types) examples (:meth:`WordPiece.example`) -> one :class:`SentenceBatch`, padded to its longest
+    example only (dynamic padding: a batch of short sentences stays short)."""
+    if not examples:
+        raise AttnkitError("no sentences to batch")
+    width = max(len(ids) for ids, _ in examples)
+    tokens = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    types = torch.zeros_like(tokens)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    for row, (ids, typ) in enumerate(examples):
+        tokens[row, : len(ids)] = torch.tensor(ids)
+        types[row, : len(typ)] = torch.tensor(typ)
+        mask[row, : len(ids)] = False
+    return SentenceBatch(tokens, types, mask)
 
 
 def _read_json(path: Path) -> dict:
@@ -146,23 +195,35 @@ class WordPiece:
                 out += [p for w in basic_tokenize(part, self.lowercase) for p in self._wordpieces(w)]
         return out
 
+    def ids(self, text: str) -> list[int]:
+        """The ids of :meth:`pieces` (no [CLS]/[SEP], not cut)."""
+        return [self.stoi.get(p, self.unk_id) for p in self.pieces(text)]
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         """-> [CLS] pieces [SEP] ids per text, cut to ``max_len``."""
-        out = []
-        for text in texts:
-            ids = [self.stoi.get(p, self.unk_id) for p in self.pieces(text)][: self.max_len - 2]
-            out.append([self.cls_id, *ids, self.sep_id])
-        return out
+        return [self.example(text)[0] for text in texts]
+
+    def example(self, first: str, second: str | None = None) -> tuple[list[int], list[int]]:
+        """One input as (ids, token types): ``[CLS] a [SEP]`` with types 0, or ``[CLS] a [SEP] b [SEP]`` with
+        types 0 up to the first [SEP] and 1 after it. Cut to ``max_len`` pieces in all (a pair: longest first)."""
+        a = self.ids(first)
+        if second is None:
+            ids = [self.cls_id, *a[: self.max_len - 2], self.sep_id]
+            return ids, [0] * len(ids)
+        a, b = truncate_pair(a, self.ids(second), self.max_len - 3)
+        return [self.cls_id, *a, self.sep_id, *b, self.sep_id], [0] * (len(a) + 2) + [1] * (len(b) + 1)
+
+    def sentences(self, first: Sequence[str], second: Sequence[str] | None = None) -> SentenceBatch:
+        """Single sentences (``second`` None) or pairs (``first[i]``, ``second[i]``) -> one padded batch."""
+        if second is not None and len(second) != len(first):
+            raise AttnkitError(f"{len(first)} first sentences but {len(second)} second sentences")
+        pairs = [None] * len(first) if second is None else second
+        return collate_sentences([self.example(a, b) for a, b in zip(first, pairs)], self.pad_id)
 
     def batch(self, texts: list[str]) -> tuple[Tensor, Tensor]:
         """-> ids [B, S] padded with [PAD], and the padding mask [B, S] (True = pad)."""
-        ids = self.encode(texts)
-        tokens = torch.full((len(ids), max(len(i) for i in ids)), self.pad_id, dtype=torch.long)
-        mask = torch.ones_like(tokens, dtype=torch.bool)
-        for row, seq in enumerate(ids):
-            tokens[row, : len(seq)] = torch.tensor(seq)
-            mask[row, : len(seq)] = False
-        return tokens, mask
+        b = self.sentences(texts)
+        return b.tokens, b.padding_mask
 
     def id_to_piece(self, ids: Iterable[int]) -> list[str]:
         return [self.itos[int(i)] for i in ids]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from attnkit.config import ModelConfig
 from attnkit.models.bert import BertEncoder, load_bert
 from attnkit.models.captioner import ShowAttendTell, TransformerCaptioner
-from attnkit.models.classifier import SentenceBatch, SequenceClassifier, encode_sentences, load_pretrained_classifier
+from attnkit.models.classifier import SequenceClassifier, load_pretrained_classifier
 from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput, beam_rows
 from attnkit.models.conv import ConvEncoder, ConvTransformer, GatedConv
 from attnkit.models.lm import TransformerLM
@@ -31,5 +31,5 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> G
 
 __all__ = ["BOS", "EOS", "FAMILIES", "PAD", "UNK", "AttentionMaps", "BertEncoder", "ConvEncoder", "ConvTransformer",
            "DecodingState", "EncoderDecoder", "GatedConv", "GenerativeModel", "ModelOutput", "RNNEncDec", "RNNSearch",
-           "SentenceBatch", "SequenceClassifier", "ShowAttendTell", "Transformer", "TransformerCaptioner",
-           "TransformerLM", "beam_rows", "build_model", "encode_sentences", "load_bert", "load_pretrained_classifier"]
+           "SequenceClassifier", "ShowAttendTell", "Transformer", "TransformerCaptioner",
+           "TransformerLM", "beam_rows", "build_model", "load_bert", "load_pretrained_classifier"]

@@ -12,17 +12,16 @@ representation all-MiniLM-L6-v2 was trained for (Reimers & Gurevych 2019). Class
 cross-entropy (optionally class-weighted), regression (``n_labels == 1``) on the squared error.
 
 A single sentence is ``[CLS] a [SEP]`` (token types all 0); a pair is ``[CLS] a [SEP] b [SEP]``, types 0 over
-``[CLS] a [SEP]`` and 1 over ``b [SEP]``. :func:`encode_sentences` builds either with attnkit's WordPiece
-tokenizer and pads each batch only to its own longest row.
+``[CLS] a [SEP]`` and 1 over ``b [SEP]``. :meth:`attnkit.data.WordPiece.sentences` builds either and pads each
+batch only to its own longest row.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +31,6 @@ from torch import Tensor, nn
 from attnkit.errors import AttnkitError
 from attnkit.models.bert import BertEncoder, load_bert, minilm_dir
 from attnkit.models.contract import AttentionMaps, ModelOutput
-
-if TYPE_CHECKING:  # models sit below data (docs/architecture.md): the tokenizer is passed in, never imported
-    from attnkit.data.wordpiece import WordPiece
 
 POOLINGS = ("cls", "mean")
 PROBLEMS = ("classification", "regression")
@@ -80,77 +76,6 @@ def regression_loss(predictions: Tensor, targets: Tensor, reduction: str = "sum"
     predictions z [B], targets y [B] -> a scalar.
     """
     return F.mse_loss(predictions.float(), targets.float(), reduction=reduction)
-
-
-# --- inputs: single sentences and pairs, padded to the batch's longest
-
-
-@dataclass
-class SentenceBatch:
-    """A batch for :class:`SequenceClassifier`: tokens [B, T] (``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``,
-    then [PAD]), token_types [B, T] (0 sentence A, 1 sentence B, 0 at padding), padding_mask [B, T] (True = pad).
-    T is the longest row of this batch."""
-
-    tokens: Tensor
-    token_types: Tensor
-    padding_mask: Tensor
-
-    def to(self, device: torch.device | str) -> SentenceBatch:
-        return SentenceBatch(self.tokens.to(device), self.token_types.to(device), self.padding_mask.to(device))
-
-    def __len__(self) -> int:
-        return self.tokens.size(0)
-
-
-def truncate_pair(first: list[int], second: list[int], budget: int) -> tuple[list[int], list[int]]:
-    """Hugging Face's "longest_first" cut of a pair to ``budget`` pieces (its fast tokenizer's): a shorter side
-    that fits in half the budget is kept whole and the longer side (the second on a tie) takes the rest;
-    otherwise the shorter side keeps half, rounded down, and the longer side the rest. Pieces are cut from the
-    end."""
-    if len(first) + len(second) <= budget:
-        return first, second
-    swap = len(first) <= len(second)
-    longer, shorter = (second, first) if swap else (first, second)
-    n_short = min(len(shorter), budget // 2)
-    longer, shorter = longer[: budget - n_short], shorter[:n_short]
-    return (shorter, longer) if swap else (longer, shorter)
-
-
-def encode_example(tokenizer: WordPiece, first: str, second: str | None = None) -> tuple[list[int], list[int]]:
-    """One input as (ids, token types): ``[CLS] a [SEP]`` with types 0, or ``[CLS] a [SEP] b [SEP]`` with types
-    0 up to the first [SEP] and 1 after it. Cut to ``tokenizer.max_len`` pieces in all (a pair: longest first)."""
-    a = [tokenizer.stoi.get(p, tokenizer.unk_id) for p in tokenizer.pieces(first)]
-    if second is None:
-        ids = [tokenizer.cls_id, *a[: tokenizer.max_len - 2], tokenizer.sep_id]
-        return ids, [0] * len(ids)
-    b = [tokenizer.stoi.get(p, tokenizer.unk_id) for p in tokenizer.pieces(second)]
-    a, b = truncate_pair(a, b, tokenizer.max_len - 3)
-    ids = [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id]
-    return ids, [0] * (len(a) + 2) + [1] * (len(b) + 1)
-
-
-def collate_sentences(examples: Sequence[tuple[list[int], list[int]]], pad_id: int = 0) -> SentenceBatch:
-    """Examples from :func:`encode_example` -> one :class:`SentenceBatch`, padded to its longest example only
-    (dynamic padding: a batch of short sentences stays short)."""
-    if not examples:
-        raise AttnkitError("no sentences to batch")
-    width = max(len(ids) for ids, _ in examples)
-    tokens = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    types = torch.zeros_like(tokens)
-    mask = torch.ones_like(tokens, dtype=torch.bool)
-    for row, (ids, typ) in enumerate(examples):
-        tokens[row, : len(ids)] = torch.tensor(ids)
-        types[row, : len(typ)] = torch.tensor(typ)
-        mask[row, : len(ids)] = False
-    return SentenceBatch(tokens, types, mask)
-
-
-def encode_sentences(tokenizer: WordPiece, first: Sequence[str], second: Sequence[str] | None = None) -> SentenceBatch:
-    """Single sentences (``second`` None) or sentence pairs (``first[i]``, ``second[i]``) -> a padded batch."""
-    if second is not None and len(second) != len(first):
-        raise AttnkitError(f"{len(first)} first sentences but {len(second)} second sentences")
-    pairs = [None] * len(first) if second is None else second
-    return collate_sentences([encode_example(tokenizer, a, b) for a, b in zip(first, pairs)], tokenizer.pad_id)
 
 
 # --- the model

@@ -82,7 +82,7 @@ def _mask_heads(model) -> dict:
 
 
 def _mask_source(model) -> dict:
-    if model.family in ("transformer_lm", "show_attend_tell", "rnn_encdec"):
+    if not model.can_mask_source:
         return _array(INTEGER, maxItems=0, description=f"a {model.family} model cannot hide source tokens")
     if "caption" in model.capabilities:
         h, w = image_grid(model)
