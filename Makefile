@@ -10,6 +10,8 @@
 # make results — docs/results.md's tables and the README's results table, written anew from bench/results/*.json
 # make complexity — attnkit bench complexity (RNN vs convolution vs self-attention; several minutes)
 # make tinyshakespeare, wikitext2 — the GPT recipes (30 and 60 training minutes), then their results JSON
+# make sst2, mrpc, stsb — the shipped MiniLM fine-tuned on GLUE SST-2 (45 training minutes), MRPC and STS-B (30 each),
+#              selected on dev, then their results JSON
 # make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 # make wheel-check — build the wheel, install it with torch==2.13.0 into a fresh python3.11 venv, run attnkit
@@ -30,7 +32,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
 
-.PHONY: serve demo test results multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 transfer bench lint clean wheel-check threads-demo browser java screenshots
+.PHONY: serve demo test results multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 sst2 mrpc stsb transfer bench lint clean wheel-check threads-demo browser java screenshots
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -55,9 +57,11 @@ serve: $(STAMP)
 test: $(STAMP) wheel-check browser java
 	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal
 
-# the README's pictures of the explorer (docs/figures/explorer_*.png), taken by its browser tests
+# the README's pictures of the explorer (docs/figures/explorer_*.png), taken by its browser tests; the Classify
+# view's shows the SST-2 recipe's model where `make sst2` has trained it
 screenshots: $(STAMP) browser
-	ATTNKIT_SCREENSHOTS=docs/figures $(RUN) $(PY) -m pytest -q tests/test_explorer.py
+	ATTNKIT_SCREENSHOTS=docs/figures $(if $(wildcard runs/glue_sst2/checkpoints),ATTNKIT_CLASSIFIER_RUN=runs/glue_sst2) \
+		$(RUN) $(PY) -m pytest -q tests/test_explorer.py
 
 # the inner loop: everything but the slow (compiling, training, browser) and internals-pinning tests
 test-fast: $(STAMP)
@@ -135,6 +139,12 @@ LM_TRAIN = OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit 
 tinyshakespeare wikitext2: %: $(STAMP)
 	$(RUN) $(call LM_TRAIN,$(LM_CONFIG_$*))
 	$(RUN) $(PY) bench/language_model.py --run-dir runs/$(LM_CONFIG_$*) --train-command "$(call LM_TRAIN,$(LM_CONFIG_$*))"
+
+# fine-tuning: one process, the CLI's threads
+GLUE_TRAIN = $(VENV)/bin/attnkit train configs/glue_$(1).toml --run-dir runs/glue_$(1)
+sst2 mrpc stsb: %: $(STAMP)
+	$(RUN) $(call GLUE_TRAIN,$*)
+	$(RUN) $(PY) bench/glue.py --run-dir runs/glue_$* --train-command "$(call GLUE_TRAIN,$*)"
 
 TORCHRUN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train
 TRANSFER_PRE := $(TORCHRUN) configs/transfer_pretrain_wikitext2.toml --run-dir runs/transfer/pretrain

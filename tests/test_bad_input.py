@@ -463,3 +463,115 @@ def test_overwrite_starts_a_run_again_and_average_overwrites_a_checkpoint(tmp_pa
     assert main([str(a) for a in ["average", w.run / "checkpoints" / "step-2", "-o", out]]) == 0
     assert main([str(a) for a in ["average", w.run / "checkpoints" / "step-2", "-o", out]]) == 2
     assert main([str(a) for a in ["average", w.run / "checkpoints" / "step-2", "-o", out, "--overwrite"]]) == 0
+
+
+# --- classifiers: attnkit classify and attnkit evaluate --data, each refused in one line before anything is
+# classified, with every file (the runs' included) left as it was
+
+CLASSIFIER_CASES: list[tuple[str, object, object]] = []
+
+
+def classifier_case(name: str, needle):
+    def register(setup):
+        CLASSIFIER_CASES.append((name, setup, needle))
+        return setup
+    return register
+
+
+class ClassifierWork:
+    """A classifier case's working directory and the runs it may use: ``cls`` (single sentences, labels 0 and 1),
+    ``reg`` (a regressor of sentence pairs), ``ckpt`` (a translation model's checkpoint)."""
+
+    def __init__(self, root: Path, cls: Path, reg: Path, ckpt: Path):
+        self.root, self.cls, self.reg, self.ckpt = root, cls, reg, ckpt
+        self.input = self.write("in.txt", "a gorgeous film\na dull film\n")
+        self.pairs = self.write("pairs.tsv", "a man plays\ta man is playing\na dog runs\ta cat sleeps\n")
+
+    def write(self, name: str, data: str | bytes) -> Path:
+        path = self.root / name
+        path.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+        return path
+
+    def classify(self, run: Path, path: Path, *more) -> list:
+        return ["classify", "--checkpoint", run, "--input", path, *more]
+
+
+classifier_case("empty_line", "gaps.txt:2")(lambda w: w.classify(w.cls, w.write("gaps.txt", "a film\n \nfine\n")))
+classifier_case("empty_line_on_stdin", "stdin:2")(lambda w: (["classify", "--checkpoint", w.cls], b"a film\n\nok\n"))
+classifier_case("not_utf8", "latin.txt:2")(lambda w: w.classify(w.cls, w.write("latin.txt", b"a film\n\xe9t\xe9\n")))
+classifier_case("pair_for_single_sentence_model", ("pairs.tsv:1", "single sentences"))(
+    lambda w: w.classify(w.cls, w.pairs))
+classifier_case("pair_on_stdin_for_single_sentence_model", ("stdin:2", "single sentences"))(
+    lambda w: (["classify", "--checkpoint", w.cls], b"a film\na film\tanother\n"))
+classifier_case("single_sentence_for_pair_model", ("in.txt:1", "sentence pairs"))(lambda w: w.classify(w.reg, w.input))
+classifier_case("lines_format_for_pair_model", ("pairs.tsv:1", "--format tsv"))(
+    lambda w: w.classify(w.reg, w.pairs, "--format", "lines"))
+classifier_case("three_fields", "three.tsv:2")(
+    lambda w: w.classify(w.reg, w.write("three.tsv", "a\tb\na\tb\tc\n")))
+classifier_case("empty_second_sentence", ("half.tsv:1", "second sentence"))(
+    lambda w: w.classify(w.reg, w.write("half.tsv", "a man plays\t \n")))
+classifier_case("glue_format_not_glue", ("plain.tsv:1", "GLUE"))(
+    lambda w: w.classify(w.cls, w.write("plain.tsv", "a film\nanother\n"), "--format", "glue"))
+classifier_case("glue_format_on_stdin", "--format glue")(
+    lambda w: (["classify", "--checkpoint", w.cls, "--format", "glue"], b"a film\n"))
+classifier_case("text_column_not_in_header", ("cols.tsv:1", "column nope"))(
+    lambda w: w.classify(w.cls, w.write("cols.tsv", "text\tid\na film\t1\n"), "--text-column", "nope"))
+classifier_case("named_pair_column_for_single_sentence_model", ("cols.tsv:2", "single sentences"))(
+    lambda w: w.classify(w.cls, w.write("cols.tsv", "a\tb\nx\ty\n"), "--text-column", "a", "--pair-column", "b"))
+classifier_case("translation_model_classifies", "cannot classify")(lambda w: w.classify(w.ckpt, w.input))
+classifier_case("classify_missing_input", "nowhere.txt")(lambda w: w.classify(w.cls, w.root / "nowhere.txt"))
+classifier_case("classify_batch_size_zero", "--batch-size 0")(lambda w: w.classify(w.cls, w.input, "--batch-size", "0"))
+classifier_case("classify_output_is_directory", "--output")(lambda w: w.classify(w.cls, w.input, "-o", w.root))
+classifier_case("evaluate_unknown_label", ("dev.tsv:3", "'2'", "column label"))(
+    lambda w: ["evaluate", "--checkpoint", w.cls, "--data", w.write("dev.tsv", "sentence\tlabel\na\t0\nb\t2\n")])
+classifier_case("evaluate_score_not_a_number", ("dev.tsv:2", "'high'"))(
+    lambda w: ["evaluate", "--checkpoint", w.reg, "--data",
+               w.write("dev.tsv", "sentence\tsentence2\tlabel\na\tb\thigh\n")])
+classifier_case("evaluate_unlabelled_glue_test", ("test.tsv:1", "unlabelled"))(
+    lambda w: ["evaluate", "--checkpoint", w.cls, "--data", w.write("test.tsv", "index\tsentence\n0\ta film\n")])
+classifier_case("evaluate_data_missing", "nowhere.tsv")(
+    lambda w: ["evaluate", "--checkpoint", w.cls, "--data", w.root / "nowhere.tsv"])
+classifier_case("evaluate_data_and_src", "--data")(
+    lambda w: ["evaluate", "--checkpoint", w.cls, "--data", w.input, "--src", w.input, "--ref", w.input])
+classifier_case("evaluate_classifier_with_src_ref", "evaluate --data")(
+    lambda w: ["evaluate", "--checkpoint", w.cls, "--src", w.input, "--ref", w.input])
+classifier_case("evaluate_translation_without_src", "--src")(lambda w: ["evaluate", "--checkpoint", w.ckpt])
+classifier_case("evaluate_text_column_without_data", "--text-column")(
+    lambda w: ["evaluate", "--checkpoint", w.ckpt, "--src", w.input, "--ref", w.input, "--text-column", "a"])
+classifier_case("evaluate_translation_model_on_data", "cannot classify")(
+    lambda w: ["evaluate", "--checkpoint", w.ckpt, "--data", w.write("dev.tsv", "sentence\tlabel\na\t0\n")])
+
+
+@pytest.mark.parametrize("name, setup, needle", CLASSIFIER_CASES, ids=[c[0] for c in CLASSIFIER_CASES])
+def test_classifier_bad_input(name, setup, needle, tmp_path, classifier_run, regressor_run, trained_checkpoint,
+                              capsys, monkeypatch):
+    import attnkit.decode
+
+    monkeypatch.delenv("ATTNKIT_DEBUG", raising=False)
+    w = ClassifierWork(tmp_path, classifier_run, regressor_run, trained_checkpoint)
+    monkeypatch.chdir(tmp_path)
+    argv = setup(w)
+    stdin = None
+    if isinstance(argv, tuple):
+        argv, stdin = argv
+    if stdin is not None:
+        r, wfd = os.pipe()
+        os.write(wfd, stdin)
+        os.close(wfd)
+        monkeypatch.setattr("sys.stdin", os.fdopen(r, "rb"))
+
+    def no_work(*a, **k):
+        raise AssertionError("classifying started before the input was checked")
+
+    monkeypatch.setattr(attnkit.decode, "classify", no_work)
+    roots = (tmp_path, classifier_run, regressor_run)
+    before = [tree_digest(root) for root in roots]
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, (code, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnkit: error: ") and "Traceback" not in err, err
+    for n in needle if isinstance(needle, tuple) else (needle,):
+        assert n in lines[0], (n, lines[0])
+    assert [tree_digest(root) for root in roots] == before

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -645,3 +646,149 @@ def test_long_input_every_head_of_every_layer(page):
 def _wide_checkpoint(page: Page) -> Path:
     models = json.load(urllib.request.urlopen(f"{page.url}/v1/models"))["models"]
     return Path(next(m["path"] for m in models if m["name"] == "wide"))
+
+
+# --- the Classify view: fine-tuned BERTs (an SST-2 classifier, an STS-B regressor of sentence pairs)
+
+REVIEW = "a gorgeous , witty , seductive movie ."
+PAIR = ("A man is playing a guitar.", "A man plays the guitar.")
+
+
+@pytest.fixture(scope="module")
+def classifiers(classifier_run, regressor_run):
+    """A server of two fine-tuned BERTs: "sst2", a classifier of sentences, and "stsb", a regressor of pairs."""
+    import attnkit
+    from serving import LiveServer
+
+    live = LiveServer({"sst2": attnkit.load(classifier_run), "stsb": attnkit.load(regressor_run)})
+    yield live.url
+    live.close()
+
+
+def _explained(run: Path, text: str, pair: str | None = None):
+    """What attnkit.decode says of one input, offline: (its Classification, its Explanation, the model config)."""
+    from attnkit.decode import classify, explain
+
+    model, cfg, tokenizer, _ = load_checkpoint(run)
+    return classify(model, tokenizer, [text], None if pair is None else [pair])[0], explain(model, tokenizer, text,
+                                                                                           pair), cfg
+
+
+def _close(text: str, value: float) -> bool:
+    """Whether a number the page shows (a minus sign for a minus) is ``value`` to the decimals it shows."""
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return abs(float(text.replace("−", "-")) - value) <= 0.5 * 10 ** -decimals + 2e-6
+
+
+def _check_explanation(page: Page, why, cfg):
+    """One coloured span per word piece with its occlusion (red: it supports the prediction, blue: against), every
+    layer x head drawn, and the rollout from [CLS] over the pieces, as attnkit.decode.explain has them."""
+    spans = page.finds("[data-role=occlusion] .piece")
+    assert [s.get_attribute("data-piece") for s in spans] == why.pieces
+    top = max(abs(v) for v in why.occlusion)
+    for span, piece, value in zip(spans, why.pieces, why.occlusion):
+        assert float(span.get_attribute("data-value")) == pytest.approx(value, abs=1e-5)
+        if piece in ("[CLS]", "[SEP]"):
+            assert value == 0 and not span.find_element(By.CSS_SELECTOR, ".value").text
+            continue
+        shown = span.find_element(By.CSS_SELECTOR, ".value").text
+        assert _close(shown, value), (piece, shown, value)
+        if abs(value) > 0.25 * top:
+            r, _, b = (int(c) for c in page.js("return getComputedStyle(arguments[0]).backgroundColor", span)
+                       .split("(")[1].rstrip(")").split(",")[:3])
+            assert (r > b) == (value > 0), (piece, value, r, b)
+    assert "hidden" in page.find("[data-role=occlusion-legend]").text
+    layers, heads = cfg.model.n_layers, cfg.model.n_heads
+    assert (len(why.attention), why.attention[0].shape[0]) == (layers, heads)
+    assert len(page.finds("[data-role=grids] .thumb canvas")) == layers * heads
+    assert page.canvas_colors(f".thumb[data-key='{layers - 1}:{heads - 1}'] canvas") >= 2
+    cls = page.finds("[data-role=cls-rollout] .piece")
+    assert [float(s.get_attribute("data-value")) for s in cls] == pytest.approx(why.rollout[0].tolist(), abs=1e-5)
+    assert page.canvas_colors("[data-role=rollout] canvas.matrix") >= 3
+
+
+def test_classify_a_sentence_and_why(browser, classifiers, classifier_run, downloads):
+    page = Page(browser, classifiers)
+    page.errors()  # the log so far is the other tests'
+    # a page of classifiers opens on the Classify view, on the first model's example
+    page.d.get("about:blank")
+    page.d.get(f"{classifiers}/")
+    page.wait_view("classify")
+    assert page.find("[data-role=text]").get_attribute("value") and page.finds("[data-role=occlusion] .piece")
+
+    Select(page.find("[data-role=model]")).select_by_value("sst2")
+    assert not page.find("[data-role=pair]").is_displayed()  # a model of single sentences
+    page.type("[data-role=text]", REVIEW)
+    n = page.done()
+    page.find("[data-role=run]").click()
+    page.wait_done(n + 1)
+    expected, why, cfg = _explained(classifier_run, REVIEW)
+    assert page.data("[data-role=prediction]", "label") == expected.label == why.label
+    assert page.find("[data-role=label]").text == expected.label
+    bars = {b.get_attribute("data-label"): b for b in page.finds("[data-role=probabilities] .bar")}
+    assert list(bars) == list(expected.probabilities)
+    for label, p in expected.probabilities.items():
+        assert float(bars[label].get_attribute("data-p")) == pytest.approx(p, abs=1e-5)
+        assert _close(bars[label].find_element(By.CSS_SELECTOR, ".p").text, p)
+    assert "chosen" in bars[expected.label].get_attribute("class")
+    _check_explanation(page, why, cfg)
+
+    # a map opens large, and the link says which
+    page.find(".thumb[data-key='1:0']").click()
+    assert page.data("[data-role=detail]", "key") == "1:0" and page.canvas_colors("[data-role=detail] canvas") >= 3
+    assert "open=1%3A0" in page.js("return location.hash") or "open=1:0" in page.js("return location.hash")
+    data = json.loads(_export(page, downloads, "json").read_text())
+    assert data["text"] == REVIEW and data["result"]["label"] == expected.label
+    assert data["explanation"]["occlusion"] == pytest.approx(why.occlusion, abs=1e-5)
+    _export(page, downloads, "png")
+    page.screenshot("classify")
+
+    # the link reproduces the view: the same sentence, label and opened map
+    link = page.js("return location.href")
+    page.d.get("about:blank")
+    page.d.get(link)
+    page.wait_view("classify")
+    assert page.find("[data-role=text]").get_attribute("value") == REVIEW
+    assert page.data("[data-role=prediction]", "label") == expected.label
+    assert page.data("[data-role=detail]", "key") == "1:0"
+
+    # a bad input: the server's one-line error, and no stale result
+    answer = urllib.request.Request(f"{classifiers}/v1/classify", method="POST",
+                                    data=json.dumps({"model": "sst2", "sentences": [""], "explain": True}).encode(),
+                                    headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(answer)
+    message = json.load(refused.value)["error"]
+    assert 400 <= refused.value.code < 500 and message and "\n" not in message
+    page.type("[data-role=text]", "")
+    page.find("[data-role=run]").click()
+    page.wait(lambda: "error" in page.find("[data-role=status]").get_attribute("class"), 15, "the error")
+    assert page.find("[data-role=status]").text == message
+    assert not page.finds("[data-role=occlusion] .piece") and not page.finds("[data-role=grids] .thumb")
+    assert not [e for e in page.errors() if "favicon" not in e and "/v1/classify" not in e], \
+        "errors in the browser's console"
+
+
+def test_classify_scores_a_sentence_pair(browser, classifiers, regressor_run):
+    page = Page(browser, classifiers)
+    page.errors()
+    page.open("classify")
+    Select(page.find("[data-role=model]")).select_by_value("stsb")
+    assert page.find("[data-role=pair]").is_displayed()  # a regressor of sentence pairs: a second box
+    page.type("[data-role=text]", PAIR[0])
+    page.type("[data-role=pair]", PAIR[1])
+    n = page.done()
+    page.find("[data-role=run]").click()
+    page.wait_done(n + 1)
+    expected, why, cfg = _explained(regressor_run, *PAIR)
+    assert expected.probabilities is None and not page.finds("[data-role=probabilities] .bar")
+    score = page.find("[data-role=score]")
+    assert float(score.get_attribute("data-value")) == pytest.approx(expected.score, abs=1e-5)
+    assert _close(score.text, expected.score)
+    assert why.value == pytest.approx(expected.score, abs=1e-5)
+    _check_explanation(page, why, cfg)
+    # the second sentence's pieces are marked as such
+    assert len(page.finds("[data-role=occlusion] .piece.second")) == sum(why.token_types)
+    assert "score" in page.find("[data-role=occlusion-legend]").text
+    assert "pair=" in page.js("return location.hash")
+    assert not [e for e in page.errors() if "favicon" not in e], "errors in the browser's console"

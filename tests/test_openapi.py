@@ -1,7 +1,8 @@
 """The OpenAPI document of ``attnkit serve`` describes the server that answers, checked by clients nobody here
 wrote: Schemathesis generates requests from the document alone and runs all its checks against a live server on
-127.0.0.1 (a translation, a language-model and a captioning checkpoint); openapi-core validates requests built from
-the document and the answers they get; every 405 names the methods the path allows."""
+127.0.0.1 (a translation, a language-model and a captioning checkpoint, and a fine-tuned classifier and pair
+regressor where tests/conftest.py can build them); openapi-core validates requests built from the document and the
+answers they get; every 405 names the methods the path allows."""
 
 from __future__ import annotations
 
@@ -19,17 +20,22 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serving import LiveServer, png  # noqa: E402
+from serving import LiveServer, classifiers, png  # noqa: E402
 
 POSTS = ("/v1/translate", "/v1/generate", "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional")
 ERRORS = {"400", "404", "408", "413", "422", "429", "500", "504"}
 
 
 @pytest.fixture(scope="module")
-def live(served_models):
-    server = LiveServer(served_models)
+def live(served_models, request):
+    server = LiveServer({**served_models, **classifiers(request)})
     yield server
     server.close()
+
+
+def posts(live) -> tuple[str, ...]:
+    """The POST endpoints of the server: /v1/classify where it serves a classifier."""
+    return POSTS + (("/v1/classify",) if "sst" in live.models else ())
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +43,10 @@ def document(live) -> dict:
     return live.client.get("/openapi.json").json()
 
 
-def test_the_document_declares_every_status_with_the_one_line_error(document):
+def test_the_document_declares_every_status_with_the_one_line_error(document, live):
     paths = document["paths"]
-    assert set(paths) == {"/health", "/v1/models", "/metrics", *POSTS}
-    for path in POSTS:
+    assert set(paths) == {"/health", "/v1/models", "/metrics", *posts(live)}
+    for path in posts(live):
         responses = paths[path]["post"]["responses"]
         assert ERRORS | {"200"} == set(responses), path
         for status in ERRORS:
@@ -58,7 +64,9 @@ def test_required_fields_are_required_and_ranges_are_the_servers(document, live)
     """``{}`` is valid for an endpoint exactly when the server answers it 200; the limits are the server's."""
     import jsonschema
 
-    for path in ("/v1/translate", "/v1/generate", "/v1/attention", "/v1/score", "/v1/positional"):
+    for path in posts(live):
+        if path == "/v1/caption":
+            continue
         schema = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         valid = jsonschema.Draft202012Validator(schema).is_valid({})
         r = live.client.post(path, json={})
@@ -67,6 +75,11 @@ def test_required_fields_are_required_and_ranges_are_the_servers(document, live)
     assert translate["properties"]["sentences"]["maxItems"] == live.settings.max_sentences
     assert translate["properties"]["beam"]["anyOf"][0]["maximum"] == live.settings.max_beam
     assert translate["properties"]["sentences"]["items"]["x-max-tokens"] > 0
+    if "/v1/classify" in document["paths"]:
+        schema = document["paths"]["/v1/classify"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        for branch in schema["oneOf"]:
+            assert branch["properties"]["sentences"]["maxItems"] == live.settings.max_sentences
+            assert 0 < branch["properties"]["sentences"]["items"]["x-max-tokens"] <= live.settings.max_source_tokens
 
 
 @pytest.mark.parametrize("method,path,allowed", [
@@ -168,7 +181,7 @@ def test_a_client_built_from_the_document_gets_the_documented_answers(live, docu
 
 
 @pytest.mark.slow
-def test_schemathesis_finds_nothing_with_all_its_checks(live, served_models, tmp_path):
+def test_schemathesis_finds_nothing_with_all_its_checks(live, tmp_path):
     """``st run --checks all``: server errors, status codes, content types and response headers conforming to the
     document, response bodies conforming to their schemas, schema-valid requests accepted, schema-violating ones
     rejected, undeclared methods answered 405 with Allow; its coverage and fuzzing phases, a bounded number of
@@ -182,7 +195,7 @@ def test_schemathesis_finds_nothing_with_all_its_checks(live, served_models, tmp
                       '"406", "409", "413", "415", "422", "428", "429", "5xx"]\n')
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_hooks", "ATTNKIT_FUZZ_URL": live.url,
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
-           "ATTNKIT_FUZZ_MODELS": json.dumps({name: str(m.path) for name, m in served_models.items()})}
+           "ATTNKIT_FUZZ_MODELS": json.dumps({name: str(m.path) for name, m in live.models.items()})}
     har = tmp_path / "requests.har"
     cmd = [str(st), "--config-file", str(config), "run", f"{live.url}/openapi.json", "--checks", "all",
            "--max-examples", os.environ.get("ATTNKIT_FUZZ_EXAMPLES", "40"), "--seed", "1", "--workers", "1",
@@ -194,7 +207,7 @@ def test_schemathesis_finds_nothing_with_all_its_checks(live, served_models, tmp
     sent = Counter((e["request"]["method"], urlsplit(e["request"]["url"]).path)
                    for e in json.loads(har.read_text())["log"]["entries"])
     print("schemathesis requests per operation:", dict(sorted(sent.items())))
-    for path in POSTS:
+    for path in posts(live):
         assert sent[("POST", path)] >= 20, sent
     for path in ("/health", "/v1/models", "/metrics"):
         assert sent[("GET", path)] >= 1, sent

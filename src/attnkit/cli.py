@@ -1,6 +1,6 @@
 """attnkit: train, decode, evaluate and show attention-based sequence models.
 
-Subcommands: train, translate, evaluate, align, plot-by-length, caption, generate, embed, average,
+Subcommands: train, translate, evaluate, classify, align, plot-by-length, caption, generate, embed, average,
 export, import-marian, demo, serve, bench. Every user error (bad config key, misaligned files, broken checkpoint)
 ends as one line on stderr and exit status 2, checked before any work where it can be (option ranges, output
 paths); OS and file-format errors (a missing file, a directory, a full disk, a broken gzip) become such lines in
@@ -10,7 +10,8 @@ checkpoints needs --resume or --overwrite, `average` never writes over an input 
 --overwrite. Decoding refuses a source longer than [decode] max_source_tokens.
 Every subcommand takes --threads N; without it torch runs on the
 cores no other process keeps busy (attnkit.threads). `attnkit translate` streams: each line read from a pipe or
-a terminal is translated and written (flushed) before the next is waited for.
+a terminal is translated and written (flushed) before the next is waited for; `attnkit classify` likewise, a
+chunk of inputs at a time.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import select
 import sys
 from pathlib import Path
 
-from attnkit import __version__
+from attnkit import __version__, registry
 from attnkit.errors import AttnkitError
 from attnkit.fast.memory import keep_freed_memory
 
@@ -253,7 +254,10 @@ def _load_for_decoding(args, sentences: int, capability: str = "translate"):
 
     _check_decode_args(args)
     model = load(args.checkpoint, precision=getattr(args, "precision", "fp32"))
-    model.module.require(capability)
+    if capability not in model.capabilities and "classify" in model.capabilities:
+        raise AttnkitError(f"{args.checkpoint}: a {model.family} model cannot {capability}; it classifies "
+                           "(attnkit classify, or attnkit evaluate --data FILE)")
+    model.require(capability)
     if getattr(args, "compile", False):
         beam = args.beam or model.config.decode.beam_size
         model.compile(freeze=beam > 1 or sentences > 1)
@@ -303,6 +307,8 @@ def cmd_translate(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    """A translation test set (--src, --ref): sacreBLEU, chrF, the papers' BLEU; a classifier's labelled file
+    (--data): its task's scores (see :func:`_evaluate_classifier`)."""
     from attnkit.data import read_lines
     from attnkit.decode import translate
     from attnkit.evaluate import bleu, bleu_by_length, chrf, paper_bleu
@@ -310,6 +316,18 @@ def cmd_evaluate(args) -> int:
     _check_decode_args(args)
     _check_output(args.output)
     _check_output(args.json, "--json")
+    if args.data is not None:
+        if args.src is not None or args.ref is not None:
+            raise AttnkitError("--data with --src/--ref: give --data (a classifier's labelled file) or --src and "
+                               "--ref (a translation test set)")
+        return _evaluate_classifier(args)
+    for option in ("text_column", "pair_column", "label_column"):
+        if getattr(args, option) is not None:
+            raise AttnkitError(f"--{option.replace('_', '-')}: names a column of --data FILE (a classifier's "
+                               "labelled file); give --data")
+    if args.src is None or args.ref is None:
+        raise AttnkitError("evaluate: give --src and --ref (a translation test set), or --data (a classifier's "
+                           "labelled file)")
     sources, refs = read_lines(args.src), read_lines(args.ref)
     if len(sources) != len(refs):
         raise AttnkitError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
@@ -348,6 +366,209 @@ def _length_edges(text: str) -> tuple[int, ...]:
     return edges
 
 
+CLASSIFY_FORMATS = ("lines", "tsv", "glue")
+CLASSIFY_OUTPUT = """output: one line per input, in input order, flushed after each chunk of --batch-size inputs. A
+classifier writes its most probable label, a tab, and every label's probability as a JSON object with 4 decimals
+(0<TAB>{"0": 0.9731, "1": 0.0269}); a regressor writes its score with 4 decimals (3.2145)."""
+
+
+def _classification_line(c) -> str:
+    """One output line of `attnkit classify` (see CLASSIFY_OUTPUT)."""
+    if c.probabilities is None:
+        return f"{c.score:.4f}"
+    values = ", ".join(f"{json.dumps(label, ensure_ascii=False)}: {p:.4f}" for label, p in c.probabilities.items())
+    return f"{c.label}\t{{{values}}}"
+
+
+def _load_classifier(args):
+    """The checkpoint of ``--checkpoint`` as an :class:`attnkit.api.Model` that classifies (else one line)."""
+    from attnkit.api import load
+
+    model = load(args.checkpoint)
+    model.require("classify")
+    return model
+
+
+def _read_table_input(args, model, path: Path, labelled: bool, fmt: str | None = None):
+    """A file with named columns as :class:`attnkit.data.Labelled`, or None when it is none (plain lines or
+    tab-separated pairs).
+
+    The columns: ``--text-column`` (and ``--pair-column``, ``--label-column``) when given; else a GLUE file's
+    (``--format glue``, or a .tsv file whose header is GLUE's for the checkpoint's task); else the columns the
+    checkpoint was trained on (``data.text_column`` ...) when a .tsv file's header has them, or it is CSV or
+    JSONL. ``labelled``: read the labels too (a file without them is an error)."""
+    from attnkit.data import read_labelled
+    from attnkit.data.labelled import first_fields, glue_task_of, read_glue_file, table_format
+
+    regression = model.module.problem == "regression"
+    data = model.config.data
+    own_files = bool(registry.data_format(data.format).needs)  # trained on your own files, with their columns
+    label = None
+    if labelled:
+        label = args.label_column or (data.label_column if own_files else "label")
+    if args.text_column is not None:
+        table = "tsv" if fmt == "tsv" else table_format(path)
+        if table is None:
+            also = "" if labelled else " (or pass --format tsv)"
+            raise AttnkitError(f"{path}: --text-column reads a file with a header row, TSV, CSV or JSONL by its "
+                               f"name: name it .tsv, .csv or .jsonl{also}")
+        return read_labelled(path, args.text_column, args.pair_column, label, format=table, regression=regression)
+    if args.pair_column is not None:
+        raise AttnkitError("--pair-column: give --text-column too (the first sentence's column)")
+    table = table_format(path)
+    fields = first_fields(path, table or "tsv") if table != "jsonl" else []
+    glue = fmt == "glue" or (fmt is None and table == "tsv")
+    task = glue_task_of(fields, model.config.data.format, model.takes_pairs) if glue else None
+    if task is not None:
+        return read_glue_file(path, task, fields, labelled)
+    if fmt == "glue":
+        raise AttnkitError(f"{path}:1: not a GLUE file for this model: its first line has the fields "
+                           f"{', '.join(map(repr, fields)) or 'none'}; GLUE's headers name SST-2's sentence, MRPC's "
+                           "#1 String and #2 String, STS-B's sentence1 and sentence2")
+    own = own_files and data.text_column in fields and (
+        not data.text_pair_column or data.text_pair_column in fields)
+    if own_files and table is not None and (own or table != "tsv" or labelled) and fmt is None:
+        return read_labelled(path, data.text_column, data.text_pair_column or None, label, format=table,
+                             regression=regression)
+    if labelled or table in ("csv", "jsonl"):
+        header = f" (its first line: {', '.join(fields)})" if fields else ""
+        raise AttnkitError(f"{path}: which columns{header}? give --text-column (and --pair-column for pairs"
+                           f"{', --label-column' if labelled else ''})")
+    return None
+
+
+def _check_table_pairs(data, model) -> None:
+    """Pairs for a model of pairs, single sentences for a model of single sentences (one line naming the file)."""
+    if (data.pairs is not None) != model.takes_pairs:
+        what = ("sentence pairs given to a model of single sentences" if data.pairs is not None
+                else "single sentences given to a model of sentence pairs (give --pair-column)")
+        raise AttnkitError(f"{data.origin}:{data.lines[0] if data.lines else 1}: {what} ({model.path})")
+
+
+def _parse_rows(lines: list[str], first: int, name: str, fmt: str, model):
+    """Plain input lines -> (texts, pairs or None). ``tsv``: one sentence, or two separated by a tab (a pair);
+    ``lines``: the whole line is one sentence. An empty line, an empty sentence, a pair for a model of single
+    sentences or a single sentence for a model of pairs is an error naming the line."""
+    texts, pairs = [], []
+    for i, line in enumerate(lines, first):
+        if i == 1:
+            line = line.removeprefix("\ufeff")
+        if not line.strip():
+            raise AttnkitError(f"{name}:{i}: an empty line, where a sentence to classify is expected")
+        fields = [line] if fmt == "lines" else line.split("\t")
+        if len(fields) > 2:
+            raise AttnkitError(f"{name}:{i}: {len(fields)} tab-separated fields; expected one sentence, or two "
+                               "(a pair)")
+        if len(fields) == 2 and not model.takes_pairs:
+            raise AttnkitError(f"{name}:{i}: a sentence pair (two tab-separated sentences) given to a model of "
+                               f"single sentences ({model.path})")
+        if len(fields) == 1 and model.takes_pairs:
+            how = " (--format tsv)" if fmt == "lines" else ""
+            raise AttnkitError(f"{name}:{i}: one sentence given to a model of sentence pairs ({model.path}); give "
+                               f"two per line, separated by a tab{how}")
+        for k, text in enumerate(fields, 1):
+            if not text.strip():
+                raise AttnkitError(f"{name}:{i}: an empty {'first' if k == 1 else 'second'} sentence "
+                                   f"(field {k})")
+        texts.append(fields[0])
+        if len(fields) == 2:
+            pairs.append(fields[1])
+    return texts, (pairs if model.takes_pairs else None)
+
+
+def _classify_chunks(args, model):
+    """The inputs of `attnkit classify` in chunks of at most --batch-size: (texts, pairs or None) each. A file is
+    read and checked whole before the first chunk (so a bad row never leaves half an output); stdin is read as
+    it arrives (StreamLines), each chunk checked when it comes."""
+    size = args.batch_size
+    if args.format == "lines" and (args.text_column or args.pair_column):
+        raise AttnkitError(f"--{'text' if args.text_column else 'pair'}-column: names a column of a file with a "
+                           "header row, which --format lines is not")
+    if args.input and args.input != "-":
+        path = Path(args.input)
+        if not path.exists():
+            raise AttnkitError(f"{path}: file not found")
+        data = None if args.format == "lines" else _read_table_input(args, model, path, False, args.format)
+        if data is not None:
+            _check_table_pairs(data, model)
+            texts, pairs = data.texts, data.pairs
+        else:
+            texts, pairs = _parse_rows(_read_input(args.input), 1, args.input, args.format or "tsv", model)
+        return [(texts[i:i + size], None if pairs is None else pairs[i:i + size]) for i in range(0, len(texts), size)]
+    if args.text_column is not None or args.format == "glue":
+        raise AttnkitError(f"{'--text-column' if args.text_column else '--format glue'}: reads a file with a "
+                           "header row; give --input FILE")
+
+    def stream():
+        done = 0
+        for chunk in StreamLines(max_tokens=4000):
+            for i in range(0, len(chunk), size):
+                part = chunk[i:i + size]
+                yield _parse_rows(part, done + 1, "stdin", args.format or "tsv", model)
+                done += len(part)
+    return stream()
+
+
+def cmd_classify(args) -> int:
+    """Streams: each chunk of inputs is classified and its lines written and flushed before the next is read."""
+    from attnkit.decode import classify
+
+    if args.batch_size < 1:
+        raise AttnkitError(f"--batch-size {args.batch_size}: expected a positive number of inputs")
+    _check_output(args.output)
+    model = _load_classifier(args)
+    chunks = _classify_chunks(args, model)  # a file: read and checked before --output is opened (and emptied)
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except OSError as e:
+        raise AttnkitError(f"--output {args.output}: cannot write ({e.strerror})") from None
+    try:
+        for texts, pairs in chunks:
+            results = classify(model.module, model.tokenizers, texts, pairs)
+            out.write("".join(_classification_line(c) + "\n" for c in results))
+            out.flush()
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a filter does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def _evaluate_classifier(args) -> int:
+    """`attnkit evaluate --data FILE` for a classifier: its predictions on a labelled file scored with the task's
+    metrics (accuracy, F1, Matthews' correlation; a regressor's Pearson and Spearman correlations, all in
+    percent), printed as one JSON object with the number of examples ``n``. A label the model does not know is an
+    error naming its line."""
+    from attnkit.data import check_labels
+    from attnkit.decode import classify
+    from attnkit.evaluate import classification_scores, regression_scores
+
+    model = _load_classifier(args)
+    path = Path(args.data)
+    if not path.exists():
+        raise AttnkitError(f"--data {path}: file not found")
+    data = _read_table_input(args, model, path, True)
+    _check_table_pairs(data, model)
+    labels = model.module.labels
+    if model.module.problem == "classification":
+        check_labels(data, labels, f"the checkpoint {model.path}")
+    results = classify(model.module, model.tokenizers, data.texts, data.pairs, args.batch_tokens)
+    if model.module.problem == "regression":
+        scores = regression_scores([c.score for c in results], data.labels)
+    else:
+        index = {name: i for i, name in enumerate(labels)}
+        scores = classification_scores([index[c.label] for c in results], [index[g] for g in data.labels],
+                                       len(labels))
+    result = {"checkpoint": str(model.path), "data": str(path), "n": len(data), **scores}
+    print(json.dumps(result))
+    if args.output:
+        Path(args.output).write_text("".join(_classification_line(c) + "\n" for c in results), encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
 def cmd_align(args) -> int:
     from attnkit.api import load
     from attnkit.viz import plot_attention
@@ -360,7 +581,7 @@ def cmd_align(args) -> int:
     _check_output(args.output)
     model = load(args.checkpoint)
     if "align" not in model.capabilities:
-        hint = "; a captioner's attention: attnkit caption --show-attention" if "caption" in model.capabilities else ""
+        hint = "; a captioner's attention: attnkit caption --show-attention" if model.source == "image" else ""
         raise AttnkitError(f"{args.checkpoint}: a {model.family} model has no alignment to show{hint}")
     _check_source_lengths([args.src], model.tokenizers.src, model.config.decode.max_source_tokens, "--src")
     a = model.align(args.src, beam=args.beam, layer=args.layer, head=args.head)
@@ -428,7 +649,7 @@ def cmd_caption(args) -> int:
         raise AttnkitError(f"--beam {args.beam}: expected a beam size of at least 1 (1 = greedy)")
     _check_output(args.show_attention, "--show-attention", directory=True)
     model = load(args.checkpoint, precision=args.precision)
-    model.module.require("caption")
+    model.require("caption")
     cfg, vocab = model.config, model.tokenizers
     _, h, w = grid_shape(cfg.data.image_grid)
     images = [load_image(p) for p in args.images]
@@ -455,7 +676,7 @@ def cmd_generate(args) -> int:
         raise AttnkitError("--max-new-tokens, --temperature and --top-k must be >= 0 (the temperature finite), "
                            "--top-p in (0, 1]")
     model = load(args.checkpoint, precision=args.precision)
-    model.module.require("generate")
+    model.require("generate")
     _check_source_lengths([args.prompt], model.tokenizers, model.config.decode.max_source_tokens, "--prompt")
 
     def write(text: str) -> None:
@@ -593,12 +814,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("evaluate", help="translate a test set and score it with sacreBLEU, chrF and the papers' "
-                                        "BLEU (lowercased, Moses-tokenised, as multi-bleu.perl)")
+                                        "BLEU (lowercased, Moses-tokenised, as multi-bleu.perl); or, with --data, "
+                                        "score a classifier on a labelled file",
+                       description="A translation model: --src and --ref, scored with sacreBLEU, chrF and the "
+                                   "papers' BLEU. A classifier: --data FILE, a labelled file (a GLUE dev file, or "
+                                   "your own CSV, TSV or JSONL with a header row), scored with accuracy, F1 and "
+                                   "Matthews' correlation (a regressor: Pearson and Spearman), printed as one JSON "
+                                   "object with n, the number of examples.")
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--src", required=True)
-    p.add_argument("--ref", required=True)
+    p.add_argument("--src", help="translation: the source sentences, one a line")
+    p.add_argument("--ref", help="translation: the reference translations, one a line")
+    p.add_argument("--data", metavar="FILE",
+                   help="a classifier: the labelled file to score it on; its columns are GLUE's, the checkpoint's "
+                        "own (data.text_column ...), or those named by --text-column, --pair-column, --label-column")
+    p.add_argument("--text-column", help="--data: the column of the (first) sentence")
+    p.add_argument("--pair-column", help="--data: the column of the second sentence of a pair")
+    p.add_argument("--label-column", help="--data: the column of the label or score (default: label)")
     p.add_argument("--by-length", action="store_true", help="also BLEU per source-length bucket")
-    p.add_argument("--output", help="write the translations here")
+    p.add_argument("--output", help="write the translations (a classifier: its predictions, as attnkit classify "
+                                    "writes them) here")
     p.add_argument("--json", help="write the scores here")
     p.add_argument("--length-edges", type=_length_edges, metavar="5,10,20",
                    help="source-length bucket edges in words for --by-length (default 10,20,30,40,50)")
@@ -607,6 +841,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "data.tgt_lang)")
     _add_decode_args(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("classify", help="classify sentences or sentence pairs with a fine-tuned classifier "
+                                        "(or score them with a regressor), streaming",
+                       description="Reads stdin (or --input FILE) and writes one line per input. --format tsv "
+                                   "(the default): one sentence a line, or two separated by a tab for a model of "
+                                   "pairs; lines: each whole line is one sentence; glue: a GLUE file of any split "
+                                   "(SST-2, MRPC, STS-B; recognised by its header without --format too). With "
+                                   "--text-column the file has a header row naming its columns (TSV, or CSV or "
+                                   "JSONL by its name). An empty line, or a pair for a model of single sentences "
+                                   "(or the reverse), is an error naming the line.",
+                       epilog=CLASSIFY_OUTPUT)
+    p.add_argument("--checkpoint", required=True, help="a checkpoint or run directory of a classifier")
+    p.add_argument("--input", "-i", help="the file to classify (default: stdin)")
+    p.add_argument("--output", "-o", help="the file to write (default: stdout)")
+    p.add_argument("--format", choices=CLASSIFY_FORMATS, default=None,
+                   help="lines, tsv or glue (default: tsv, or glue for a file with a GLUE header)")
+    p.add_argument("--text-column", help="a file with a header row: the column of the (first) sentence")
+    p.add_argument("--pair-column", help="a file with a header row: the column of the second sentence of a pair")
+    p.add_argument("--batch-size", type=int, default=256,
+                   help="inputs per chunk: each chunk's lines are written and flushed together (default 256)")
+    p.set_defaults(func=cmd_classify)
 
     p = sub.add_parser("align", help="draw the attention between a sentence and its translation (a heatmap)")
     p.add_argument("--checkpoint", required=True, help="a checkpoint or run directory (RNNsearch or a Transformer)")

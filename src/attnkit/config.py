@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnkit import registry
 from attnkit.errors import AttnkitError
 
 # --- the model families: one dataclass each, whose fields mean one thing
@@ -167,11 +168,21 @@ class BertConfig:
         return self.d_model
 
 
-MODEL_CONFIGS = {c.family: c for c in (
-    TransformerConfig, ConvTransformerConfig, TransformerCaptionerConfig, LMConfig, RNNEncDecConfig, RNNSearchConfig,
-    ShowAttendTellConfig)}
+@dataclass
+class BertClassifierConfig(BertConfig):
+    """BERT fine-tuned on a task (Devlin et al. 2019, section 4): the encoder of ``pretrained`` (a Hugging Face
+    directory; empty: the shipped all-MiniLM-L6-v2), a pooled representation, dropout (``dropout``, as BERT's
+    hidden layers) and one linear layer over the task's labels, or one score for a regression task. The encoder's
+    sizes are the pretrained model's: a run reads them from its config.json and records them."""
+
+    family: str = "bert_classifier"
+    pretrained: str = ""
+    pooling: str = "cls"  # cls: BERT's pooler over [CLS]; mean: the mean of the final states (sentence-transformers)
+
+
+MODEL_CONFIGS = {name: globals()[f.config.partition(":")[2]] for name, f in registry.FAMILIES.items()}
 ModelConfig = (TransformerConfig | ConvTransformerConfig | TransformerCaptionerConfig | LMConfig | RNNEncDecConfig
-               | RNNSearchConfig | ShowAttendTellConfig | BertConfig)
+               | RNNSearchConfig | ShowAttendTellConfig | BertConfig | BertClassifierConfig)
 
 # checkpoints written by attnkit 0.1 kept one [model] table for every family; these keys had another name there
 LEGACY_NAMES = {
@@ -184,7 +195,9 @@ LEGACY_NAMES = {
 
 @dataclass
 class DataConfig:
-    format: str = "multi30k"  # multi30k | tatoeba | parallel | dates | flickr8k | tinyshakespeare | wikitext2
+    # multi30k | tatoeba | parallel | dates | flickr8k | tinyshakespeare | wikitext2 (generation);
+    # sst2 | mrpc | stsb (GLUE) | labelled (your own CSV, TSV or JSONL) (classification and regression)
+    format: str = "multi30k"
     data_dir: str = ""  # empty: --data-dir, then $ATTNKIT_DATA, then ../shared/data
     src_lang: str = "en"
     tgt_lang: str = "de"
@@ -211,18 +224,28 @@ class DataConfig:
     block_size: int = 256  # tokens per training example, cut contiguously from the stream
     lm_tokenizer: str = "corpus"  # corpus: characters (tinyshakespeare), words (wikitext2); spm: SentencePiece
     spm_model: str = ""  # lm_tokenizer = "spm": use this SentencePiece model (e.g. one shared with pretraining)
+    # format = "labelled": your own files (CSV / TSV with a header row, or JSONL) and the columns to read
+    train_file: str = ""
+    valid_file: str = ""
+    text_column: str = "text"
+    text_pair_column: str = ""  # empty: single sentences; else the second sentence of a pair
+    label_column: str = "label"
+    regression: bool = False  # labels are real-valued scores (one output), not class names
+    truncate: int = 128  # classification: a longer input is cut to this many word pieces ([CLS], [SEP] counted)
 
 
 @dataclass
 class TrainConfig:
     seed: int = 1
     max_tokens: int = 4096  # per batch, counting padded source or target tokens, whichever is larger
+    batch_size: int = 0  # examples per batch at most (0: as many as max_tokens allows)
     update_freq: int = 1  # gradient accumulation
     max_steps: int = 10000
     max_epochs: int = 0  # 0: no limit
     max_minutes: float = 0.0  # 0: no limit; a wall-clock budget for the training loop
     lr: float = 7e-4
-    schedule: str = "inverse_sqrt"  # noam | inverse_sqrt | cosine | constant
+    schedule: str = "inverse_sqrt"  # noam | inverse_sqrt | cosine | linear | constant
+    optimizer: str = "adam"  # adam (weight_decay as L2 in the gradient) | adamw (decoupled, Loshchilov & Hutter)
     warmup_steps: int = 4000
     min_lr: float = 0.0
     betas: tuple[float, float] = (0.9, 0.98)
@@ -238,7 +261,11 @@ class TrainConfig:
     keep_last: int = 5
     average_last: int = 0  # average this many last checkpoints at the end (0: off)
     init_from: str = ""  # fine-tuning: a checkpoint (or run dir) whose weights start this run; same tokenizer
-    best_metric: str = "bleu"  # bleu | loss
+    # what ranks checkpoints for "best" and early stopping: "" the task's own (translation and captions: bleu;
+    # language models: loss; classification: accuracy, f1 for mrpc; regression: spearman), or one by name
+    best_metric: str = ""
+    patience: int = 0  # stop after this many validations without a better best_metric (0: never)
+    class_weights: str = "none"  # classification: none | balanced (n / (classes * count), scikit-learn's)
     threads: int = 0  # 0: the command line picks (attnkit.threads: idle cores); Python code keeps torch's
     # the fast runtime's tricks the model trains with (attnkit.fast.use), by name; [] trains the core as it reads
     fast: tuple[str, ...] = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")
@@ -430,22 +457,22 @@ def load_config(path: str | Path | None, overrides: list[str] = (), legacy: bool
     return config_from_dict(table, where, legacy)
 
 
-LM_FORMATS = ("tinyshakespeare", "wikitext2")  # language-model corpora: one stream of text
-
 _CHOICES = {
     ("model", "attention_score"): ("additive", "general", "dot", "scaled_dot"),
     ("model", "activation"): ("relu", "gelu"),
     ("model", "positional"): ("sinusoidal", "learned"),
-    ("data", "format"): ("multi30k", "tatoeba", "parallel", "dates", "flickr8k", "tinyshakespeare", "wikitext2"),
+    ("data", "format"): tuple(registry.FORMATS),
+    ("model", "pooling"): ("cls", "mean"),
     ("data", "spm_model_type"): ("unigram", "bpe", "char"),
     ("data", "lm_tokenizer"): ("corpus", "spm"),
-    ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "constant"),
-    ("train", "best_metric"): ("bleu", "loss"),
+    ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "linear", "constant"),
+    ("train", "optimizer"): ("adam", "adamw"),
+    ("train", "best_metric"): ("", "bleu", "loss", "accuracy", "f1", "matthews", "pearson", "spearman"),
+    ("train", "class_weights"): ("none", "balanced"),
     ("train", "parallel"): ("ddp", "fsdp"),
     ("train", "device"): ("auto", "cpu", "cuda"),
     ("train", "precision"): ("fp32", "bf16", "fp16"),
 }
-CAPTIONERS = ("show_attend_tell", "transformer_captioner")
 FAST_TRICKS = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")  # attnkit.fast.runtime.TRICKS
 
 
@@ -455,16 +482,21 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
         if value is not None and value not in choices:
             raise AttnkitError(f"{where}: {section}.{key} = {value!r} is not one of {', '.join(choices)}")
     m = cfg.model
-    if (m.family == "transformer_lm") != (cfg.data.format in LM_FORMATS):
-        raise AttnkitError(f"{where}: model.family = 'transformer_lm' goes with data.format = "
-                           f"{' or '.join(LM_FORMATS)}, not {m.family!r} with {cfg.data.format!r}")
-    if (m.family in CAPTIONERS) != (cfg.data.format == "flickr8k") and m.family != "transformer_lm":
-        raise AttnkitError(f"{where}: data.format = 'flickr8k' goes with model.family = "
-                           f"{' or '.join(CAPTIONERS)}, not {m.family!r} with {cfg.data.format!r}")
-    if m.family == "conv_transformer" and (m.conv_kernel < 1 or m.conv_kernel % 2 == 0):
+    task = registry.family(m.family).task
+    if registry.data_format(cfg.data.format).task != task:
+        other = registry.families_of(registry.data_format(cfg.data.format).task)
+        raise AttnkitError(f"{where}: model.family = {m.family!r} goes with data.format = "
+                           f"{' or '.join(registry.formats_of(task))}, not {cfg.data.format!r} (which goes with "
+                           f"model.family = {' or '.join(other)})")
+    needs = registry.data_format(cfg.data.format).needs
+    if not all(getattr(cfg.data, key) for key in needs):
+        raise AttnkitError(f"{where}: data.format = {cfg.data.format!r} needs "
+                           f"{' and '.join(f'data.{key}' for key in needs)}")
+    if hasattr(m, "conv_kernel") and (m.conv_kernel < 1 or m.conv_kernel % 2 == 0):
         raise AttnkitError(f"{where}: model.conv_kernel = {m.conv_kernel} must be a positive odd number "
                            "(the encoder's convolutions are centred)")
-    if getattr(m, "share_embeddings", False) and m.family != "transformer_lm" and not cfg.data.joint_vocab:
+    if getattr(m, "share_embeddings", False) and registry.family(m.family).source == "tokens" \
+            and not cfg.data.joint_vocab:
         raise AttnkitError(f"{where}: model.share_embeddings = true needs data.joint_vocab = true")
     if getattr(m, "adaptive_softmax", ()):
         if list(m.adaptive_softmax) != sorted(set(m.adaptive_softmax)) or m.adaptive_softmax[0] <= 0:
@@ -505,7 +537,7 @@ _AT_LEAST = {
     ("data", "max_valid_pairs"): 0, ("data", "max_len"): 1, ("data", "n_synthetic"): 1,
     ("data", "long_test_min_words"): 0, ("data", "min_word_count"): 1, ("decode", "max_len_a"): 0,
     ("decode", "max_len_b"): 0, ("decode", "max_caption_len"): 1, ("decode", "batch_size"): 1,
-    ("decode", "max_source_tokens"): 1,
+    ("decode", "max_source_tokens"): 1, ("train", "batch_size"): 0, ("train", "patience"): 0, ("data", "truncate"): 3,
 }
 
 
@@ -514,9 +546,10 @@ def check_positions(cfg: ExperimentConfig, where: str = "config") -> None:
     config is not refused for it)."""
     m = cfg.model
     if getattr(m, "positional", None) == "learned" and hasattr(m, "max_positions"):
-        if cfg.data.format in LM_FORMATS:
+        source = registry.family(m.family).source
+        if source == "none":
             need, what = cfg.data.block_size, f"data.block_size = {cfg.data.block_size} tokens per example"
-        elif cfg.data.format != "flickr8k":
+        elif source == "tokens":
             need, what = cfg.data.max_len + 1, f"data.max_len = {cfg.data.max_len} subwords and an end token"
         else:
             need, what = 0, ""

@@ -32,8 +32,10 @@ class Batch:
         return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.indices)
 
 
-def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int | None = None, epoch: int = 0) -> list[list[int]]:
-    """Group examples of similar length so that ``len(batch) * longest <= max_tokens``.
+def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int | None = None, epoch: int = 0,
+                  max_examples: int = 0) -> list[list[int]]:
+    """Group examples of similar length so that ``len(batch) * longest <= max_tokens`` and, when ``max_examples``
+    (0: no limit), ``len(batch) <= max_examples``.
 
     ``seed=None`` keeps the corpus order inside buckets and the batch order sorted (for
     decoding); otherwise ties are broken and batches shuffled by ``(seed, epoch)``.
@@ -49,7 +51,8 @@ def token_batches(src_lens, tgt_lens, max_tokens: int, seed: int | None = None, 
     batches, current, longest = [], [], 0
     for i in order:
         size = max(src_lens[i], tgt_lens[i])
-        if current and (len(current) + 1) * max(longest, size) > max_tokens:
+        full = (len(current) + 1) * max(longest, size) > max_tokens or (max_examples and len(current) >= max_examples)
+        if current and full:
             batches.append(current)
             current, longest = [], 0
         current.append(int(i))

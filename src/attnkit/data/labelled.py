@@ -399,3 +399,59 @@ def read_glue(task: str, split: str, data_dir: str | Path | None = None) -> Labe
         check_labels(data, list(glue.labels), f"GLUE {glue.folder}")
         data.label_names = list(glue.labels)
     return data
+
+
+# --- files of any of these layouts, recognised by their first line
+
+
+def first_fields(path: Path, fmt: str) -> list[str]:
+    """The fields of a TSV or CSV file's first line (gzip and a byte order mark allowed; [] for an empty file)."""
+    first = _read_bytes(path).split(b"\n", 1)[0].decode("utf-8", errors="replace").removesuffix("\r")
+    if not first:
+        return []
+    return [f.strip() for f in (next(csv.reader([first])) if fmt == "csv" else first.split("\t"))]
+
+
+def table_format(path: Path) -> str | None:
+    """csv, tsv or jsonl from the file name (before any .gz), None for anything else."""
+    suffixes = [x.lower() for x in path.suffixes if x.lower() != ".gz"]
+    return {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}.get(
+        suffixes[-1] if suffixes else "")
+
+
+def glue_task_of(fields: list[str], own: str, pairs: bool) -> str | None:
+    """The GLUE task (sst2, mrpc, stsb) whose file layout a first line ``fields`` is, for a model trained on
+    ``own`` (a data format) that reads pairs or not: its own task when it is a GLUE one, else one whose text columns
+    the header names (a pair task for a model of pairs). STS-B also comes in the STS benchmark's own layout: no
+    header, 7 or 9 fields, the score 5th."""
+    tasks = [own] if own in _GLUE else [t for t, g in _GLUE.items() if (g.text_pair is not None) == pairs]
+    for task in tasks:
+        g = _GLUE[task]
+        if g.text in fields and (g.text_pair is None or g.text_pair in fields) and (
+                g.label in fields or "index" in fields):
+            return task
+    if "stsb" in tasks and len(fields) in (7, 9):
+        try:
+            float(fields[4])
+            return "stsb"
+        except ValueError:
+            pass
+    return None
+
+
+def read_glue_file(path: Path, task: str, fields: list[str], labelled: bool):
+    """A GLUE file of ``task`` (any split: a test file's index column is read, its missing labels are None)."""
+    g = _GLUE[task]
+    score_range = (0.0, 5.0) if g.regression else None
+    if task == "stsb" and g.text not in fields:  # the STS benchmark's own layout: labelled, no header
+        spec = _Spec(text="sentence1", text_pair="sentence2", label="score", regression=True,
+                     score_range=score_range, range_name=g.folder)
+        return _read(path, spec, "tsv", header=_STS_COLUMNS, widths={7, 9})
+    has_label = g.label in fields
+    if labelled and not has_label:
+        raise AttnkitError(f"{path}:1: no {g.label!r} column: an unlabelled GLUE {g.folder} file (a test split) "
+                           "has nothing to score against")
+    spec = _Spec(text=g.text, text_pair=g.text_pair, label=g.label if labelled else None,
+                 index="index" if not has_label and "index" in fields else None, regression=g.regression,
+                 score_range=score_range, range_name=g.folder)
+    return _read(path, spec, "tsv")

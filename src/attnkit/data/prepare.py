@@ -12,24 +12,31 @@ from attnkit.data.tokenizer import Tokenizer, train_tokenizer
 from attnkit.errors import AttnkitError
 
 
+def dates_split(cfg: DataConfig, split: str, data_dir: str | None = None) -> Parallel:
+    """Generated dates: ``data.n_synthetic`` training pairs, 1000 for validation and for test, each split its seed."""
+    n = {"train": cfg.n_synthetic, "valid": 1000, "test": 1000}[split]
+    return generate_dates(n, seed={"train": 0, "valid": 1, "test": 2}[split])
+
+
+def multi30k_split(cfg: DataConfig, split: str, data_dir: str | None = None) -> Parallel:
+    prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
+    return read_multi30k(resolve_data_dir(data_dir or cfg.data_dir), prefix, cfg.src_lang, cfg.tgt_lang)
+
+
+def parallel_split(cfg: DataConfig, split: str, data_dir: str | None = None) -> Parallel:
+    files = {"train": (cfg.train_src, cfg.train_tgt), "valid": (cfg.valid_src, cfg.valid_tgt)}.get(split)
+    if not files or not all(files):
+        raise AttnkitError(f"data.format = 'parallel' needs data.{split}_src and data.{split}_tgt")
+    return read_parallel(*files)
+
+
 def load_split(cfg: DataConfig, split: str, data_dir: str | None = None) -> Parallel:
-    """``split`` is "train" or "valid" (or "test" for formats that have one)."""
+    """``split`` is "train" or "valid" (or "test" for formats that have one), read by the format's reader
+    (:mod:`attnkit.registry`)."""
+    from attnkit import registry
+
     limit = {"train": cfg.max_train_pairs, "valid": cfg.max_valid_pairs}.get(split, 0)
-    if cfg.format == "dates":
-        n = {"train": cfg.n_synthetic, "valid": 1000, "test": 1000}[split]
-        pairs = generate_dates(n, seed={"train": 0, "valid": 1, "test": 2}[split])
-    elif cfg.format == "multi30k":
-        prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-        pairs = read_multi30k(resolve_data_dir(data_dir or cfg.data_dir), prefix, cfg.src_lang, cfg.tgt_lang)
-    elif cfg.format == "parallel":
-        files = {"train": (cfg.train_src, cfg.train_tgt), "valid": (cfg.valid_src, cfg.valid_tgt)}.get(split)
-        if not files or not all(files):
-            raise AttnkitError(f"data.format = 'parallel' needs data.{split}_src and data.{split}_tgt")
-        pairs = read_parallel(*files)
-    elif cfg.format == "tatoeba":
-        pairs = tatoeba_split(cfg, split, data_dir)
-    else:
-        raise AttnkitError(f"unknown data.format {cfg.format!r}")
+    pairs = registry.resolve(registry.data_format(cfg.format).reader)(cfg, split, data_dir)
     if limit:
         pairs = Parallel(pairs.src[:limit], pairs.tgt[:limit], pairs.origin)
     return pairs

@@ -154,14 +154,15 @@ class WordPiece:
         self._specials = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> WordPiece:
+    def from_pretrained(cls, directory: str | Path, max_len: int | None = None) -> WordPiece:
         """A Hugging Face model directory: ``vocab.txt``, with the casing of ``tokenizer_config.json`` and the
-        sentence-transformers length limit of ``sentence_bert_config.json`` when present."""
+        sentence-transformers length limit of ``sentence_bert_config.json`` when present (``max_len`` when
+        given)."""
         directory = Path(directory)
         tokenizer, sentence = (_read_json(directory / name) for name in ("tokenizer_config.json",
                                                                           "sentence_bert_config.json"))
         # sentence_bert_config's own do_lower_case is an extra step before this tokenizer: not ours
-        max_len = sentence.get("max_seq_length") or min(tokenizer.get("model_max_length", 512), 512)
+        max_len = max_len or sentence.get("max_seq_length") or min(tokenizer.get("model_max_length", 512), 512)
         return cls(directory / "vocab.txt", tokenizer.get("do_lower_case", True), int(max_len))
 
     @property

@@ -1,8 +1,10 @@
 """Greedy, beam search and sampling over the model contract (:mod:`attnkit.models.contract`); translating,
-captioning, completing."""
+captioning, completing; classifying with a fine-tuned classifier."""
 
 from attnkit.decode.align import Alignment, align
 from attnkit.decode.caption import Caption, caption
+from attnkit.decode.classify import Classification, classify, classify_logits
+from attnkit.decode.explain import Explanation, attention_rollout, explain
 from attnkit.decode.lm import Completion, complete
 from attnkit.decode.search import (
     Hypothesis,
@@ -16,6 +18,6 @@ from attnkit.decode.search import (
 )
 from attnkit.decode.translate import Translation, translate
 
-__all__ = ["Alignment", "align", "Caption", "caption", "Completion", "complete", "Hypothesis", "beam_search",
-           "filter_logits", "generate", "greedy", "max_lengths", "sample", "Translation", "translate",
-           "with_temperature"]
+__all__ = ["Alignment", "Caption", "Classification", "Completion", "Explanation", "Hypothesis", "Translation", "align",
+           "attention_rollout", "beam_search", "caption", "classify", "classify_logits", "complete", "explain",
+           "filter_logits", "generate", "greedy", "max_lengths", "sample", "translate", "with_temperature"]

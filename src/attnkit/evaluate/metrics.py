@@ -176,3 +176,32 @@ def coco_caption_scores(hypotheses: list[str], references: list[list[str]]) -> d
               "cider": 100 * Cider().compute_score(gts, res)[0]}
     del meteor  # its __del__ ends the Java process
     return scores
+
+
+def classification_scores(predictions: list[int], golds: list[int], n_labels: int) -> dict[str, float]:
+    """GLUE's scores of predicted class ids against the gold ones, from scikit-learn: accuracy, F1 (of class 1
+    for two classes, as GLUE scores MRPC's paraphrases; else the macro average), and Matthews' correlation
+    coefficient (CoLA's, fair to imbalanced sets). Percentages, as the papers print them (MCC times 100 too)."""
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+    if not golds:
+        raise AttnkitError("no examples to score")
+    labels = list(range(n_labels))
+    f1 = (f1_score(golds, predictions, pos_label=1, average="binary", labels=labels, zero_division=0.0)
+          if n_labels == 2 else f1_score(golds, predictions, average="macro", labels=labels, zero_division=0.0))
+    return {"accuracy": 100 * float(accuracy_score(golds, predictions)), "f1": 100 * float(f1),
+            "matthews": 100 * float(matthews_corrcoef(golds, predictions))}
+
+
+def regression_scores(predictions: list[float], golds: list[float]) -> dict[str, float]:
+    """STS-B's scores of predicted against gold similarities, from SciPy: Pearson's and Spearman's correlation,
+    times 100 as GLUE prints them (0 where the predictions are constant: no correlation is defined)."""
+    import numpy as np
+    from scipy.stats import pearsonr, spearmanr
+
+    if len(golds) < 2:
+        raise AttnkitError(f"{len(golds)} examples: a correlation needs at least 2")
+    p, g = np.asarray(predictions, dtype=np.float64), np.asarray(golds, dtype=np.float64)
+    if np.ptp(p) == 0 or np.ptp(g) == 0:
+        return {"pearson": 0.0, "spearman": 0.0}
+    return {"pearson": 100 * float(pearsonr(p, g).statistic), "spearman": 100 * float(spearmanr(p, g).statistic)}

@@ -1,11 +1,19 @@
-"""Export a trained Transformer to other engines, and import Hugging Face Marian models.
+"""Export a trained Transformer or BERT classifier to other engines, and import Hugging Face Marian models.
+
+A Transformer:
 
 - ``huggingface``: a ``MarianMTModel`` directory (the same architecture; see :mod:`.huggingface`),
 - ``ctranslate2``: converted from that directory with CTranslate2's converter (:mod:`.ct2`),
 - ``onnx``: the encoder and one decoder step, the key/value cache explicit (:mod:`.onnx_export`).
 
+A BERT classifier or regressor (``bert_classifier``; :mod:`.classifier`):
+
+- ``huggingface``: a ``BertForSequenceClassification`` directory (``pooling = "cls"`` only),
+- ``onnx``: one graph from the tokenizer's arrays to the logits.
+
 Each export checks itself: :func:`export` returns the largest log-probability difference to attnkit
-on a small teacher-forced batch (ONNX: over a few decoding steps).
+on a small teacher-forced batch (ONNX: over a few decoding steps); for a classifier the largest logit
+difference on padded batches of sentences and pairs, and past 1e-4 the export is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit import registry
 from attnkit.errors import AttnkitError
 from attnkit.export.huggingface import empty_output, export_huggingface, import_marian, marian_order
 
@@ -36,17 +45,23 @@ def _probe_batch(model, n: int = 4, src_len: int = 9, tgt_len: int = 7) -> tuple
 
 
 def export(checkpoint: str | Path, to: str, out: str | Path) -> tuple[Path, float]:
-    """-> (the output directory, max |log p difference| to attnkit on a probe batch)."""
+    """-> (the output directory, max |log p difference| to attnkit on a probe batch; a classifier's: max |logit
+    difference|)."""
     from attnkit.checkpoint import load_checkpoint
-    from attnkit.models import Transformer
+    from attnkit.models import SequenceClassifier
 
     if to not in FORMATS:
         raise AttnkitError(f"--to {to}: expected one of {', '.join(FORMATS)}")
     empty_output(out)  # before the minutes of work, not after
     model, cfg, toks, _ = load_checkpoint(checkpoint)
-    if not isinstance(model, Transformer):
-        raise AttnkitError(f"{checkpoint}: model.family = {cfg.model.family!r}; only the Transformer "
-                           "encoder-decoder exports")
+    exports = registry.family(cfg.model.family).exports
+    if to not in exports:
+        raise AttnkitError(f"{checkpoint}: a model.family = {cfg.model.family!r} model exports "
+                           f"{'to ' + ' or '.join(exports) if exports else 'to nothing'}, not to {to}")
+    if isinstance(model, SequenceClassifier):
+        from attnkit.export.classifier import export_classifier
+
+        return export_classifier(model, toks, to, out)
     src, tgt_in = _probe_batch(model)
     if to == "huggingface":
         from attnkit.export.huggingface import load_marian, log_prob_gap

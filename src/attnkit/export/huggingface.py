@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnkit import registry
 from attnkit.checkpoint import load_checkpoint, write_checkpoint
 from attnkit.config import ExperimentConfig, TransformerConfig
 from attnkit.errors import AttnkitError
@@ -48,7 +49,7 @@ def marian_order(d_model: int) -> Tensor:
 
 def check_exportable(cfg: TransformerConfig) -> None:
     """One-line refusal for the settings MarianMTModel has no equivalent of."""
-    if cfg.family != "transformer":
+    if "huggingface" not in registry.family(cfg.family).exports:
         raise AttnkitError(f"model.family = {cfg.family!r}: only the Transformer encoder-decoder exports to Marian")
     if cfg.norm_first:
         raise AttnkitError("model.norm_first = true: MarianMTModel is post-LN only (normalize_before is not "

@@ -60,14 +60,16 @@ def mean_pooling(states: Tensor, padding_mask: Tensor | None) -> Tensor:
 
 
 def classification_loss(logits: Tensor, targets: Tensor, class_weights: Tensor | None = None,
-                        reduction: str = "sum") -> Tensor:
+                        reduction: str = "sum", label_smoothing: float = 0.0) -> Tensor:
     """Cross-entropy ``l_i = -w_{y_i} log softmax(z_i)_{y_i}`` (w = 1 without class weights), summed over the
-    batch, or averaged as torch does: ``sum_i l_i / sum_i w_{y_i}``.
+    batch, or averaged as torch does: ``sum_i l_i / sum_i w_{y_i}``. With label smoothing eps the target is
+    ``(1 - eps) onehot(y_i) + eps / C``.
 
     logits z [B, C], targets y [B] (class ids), class_weights w [C] -> a scalar.
     """
     weight = None if class_weights is None else class_weights.float()
-    return F.cross_entropy(logits.float(), targets, weight=weight, reduction=reduction)
+    return F.cross_entropy(logits.float(), targets, weight=weight, reduction=reduction,
+                           label_smoothing=label_smoothing)
 
 
 def regression_loss(predictions: Tensor, targets: Tensor, reduction: str = "sum") -> Tensor:
@@ -91,7 +93,7 @@ class SequenceClassifier(nn.Module):
     not saved with the weights.
     """
 
-    family: ClassVar[str] = "bert-classifier"
+    family: ClassVar[str] = "bert_classifier"
     capabilities: ClassVar[frozenset[str]] = frozenset({"classify", "attention"})
 
     def __init__(self, encoder: BertEncoder, n_labels: int, pooling: str = "cls", dropout: float = 0.1,
@@ -157,16 +159,17 @@ class SequenceClassifier(nn.Module):
         return mean_pooling(states, padding_mask)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None,
-                targets: Tensor | None = None, need_weights: bool = False, reduction: str = "sum") -> ModelOutput:
+                targets: Tensor | None = None, need_weights: bool = False, reduction: str = "sum",
+                label_smoothing: float = 0.0) -> ModelOutput:
         """tokens [B, T], padding_mask [B, T] (True = pad; None = no padding), token_types [B, T] (None = all 0)
         -> ModelOutput(logits [B, n_labels], attention, and with targets the loss and nll).
 
         ``targets``: class ids [B] (long) for classification, scores [B] (float) for regression; see
         :meth:`encode_targets`. ``loss`` is summed over the batch, as the model contract and attnkit's Trainer want
         (``reduction="mean"`` averages instead, as torch and Hugging Face do); it carries the class weights.
-        ``nll`` is the same reduction without class weights and without gradient: the unweighted cross-entropy,
-        or for regression the squared error. ``attention.encoder``: each layer's self-attention [B, H, T, T]
-        when ``need_weights``.
+        ``nll`` is the same reduction without class weights, label smoothing and gradient: the cross-entropy, or
+        for regression the squared error. ``label_smoothing`` (classification) smooths the training loss.
+        ``attention.encoder``: each layer's self-attention [B, H, T, T] when ``need_weights``.
         """
         if reduction not in REDUCTIONS:
             raise AttnkitError(f"reduction {reduction!r}: expected one of {', '.join(REDUCTIONS)}")
@@ -182,10 +185,19 @@ class SequenceClassifier(nn.Module):
             loss = regression_loss(logits[:, 0], targets.reshape(-1), reduction)
             return ModelOutput(loss=loss, nll=loss.detach(), logits=logits, attention=attention)
         targets = targets.reshape(-1)
-        loss = classification_loss(logits, targets, self.class_weights, reduction)
-        nll = loss.detach() if self.class_weights is None else classification_loss(logits.detach(), targets,
-                                                                                    None, reduction)
+        loss = classification_loss(logits, targets, self.class_weights, reduction, label_smoothing)
+        plain = self.class_weights is None and not label_smoothing
+        nll = loss.detach() if plain else classification_loss(logits.detach(), targets, None, reduction)
         return ModelOutput(loss=loss, nll=nll, logits=logits, attention=attention)
+
+
+def build_classifier(cfg, vocab_size: int, labels: Sequence[str], problem: str = "classification",
+                     class_weights: Sequence[float] | Tensor | None = None) -> SequenceClassifier:
+    """A freshly initialised classifier (or regressor: ``problem="regression"``, one label) of a
+    :class:`~attnkit.config.BertClassifierConfig` (encoder sizes, pooling, dropout) over ``vocab_size`` pieces."""
+    n_labels = 1 if problem == "regression" else len(labels)
+    return SequenceClassifier(BertEncoder(cfg, vocab_size), n_labels, cfg.pooling, cfg.dropout, problem,
+                              list(labels), class_weights)
 
 
 # --- from pretrained weights

@@ -56,6 +56,10 @@ GET /v1/models
     "positional": "sinusoidal",              # or "learned", or null (RNNs, Show-Attend-Tell)
     "max_positions": 256,
     "example": "A dog is running through the grass."}]}``   # a first input (a prompt; null for captioners)
+    A classifier's entry has ``"decode": null``, ``"attention": {"encoder": {"layers": 6, "heads": 12}}``, and
+    ``"labels": ["0", "1"]`` (a regressor's: ``["score"]``), ``"problem": "classification"`` (or ``"regression"``),
+    ``"pairs": false`` (whether it reads sentence pairs) and ``"example_pair"`` (a second sentence; null unless it
+    reads pairs).
 
 POST /v1/translate  (families that can translate)
     ``{"sentences": ["A dog runs."] (required, 1..64), "beam": <config's>, "len_penalty": <config's>,
@@ -112,6 +116,21 @@ POST /v1/attention  (families with attention; one example)
     by making it padding (a Transformer's ids become PAD, hidden from its encoder too; RNNsearch and the
     Transformer captioner: hidden from the decoder's attention; Show-Attend-Tell and language models: 422).
 
+POST /v1/classify  (classifiers and regressors: fine-tuned BERT; the only endpoint they answer)
+    ``{"sentences": ["A gripping film."] (required, 1..64), "pairs": null (a model fine-tuned on pairs: required,
+    one second sentence per sentence; else null), "explain": false (true: one sentence only)}``
+    -> ``{"model": "...", "results": [{"label": "1", "probabilities": {"0": 0.1, "1": 0.9}, "score": null}],
+    # a regressor: {"label": "score", "probabilities": null, "score": 3.7}
+    "explanation": {"pieces": ["[CLS]", "a", ..., "[SEP]"], "token_types": [0, ...], "label": "1",
+    "value": 0.9,            # the predicted label's probability (a regressor's score)
+    "occlusion": [...],      # per piece: value less the value with that piece hidden (0 at [CLS] and [SEP])
+    "attention": [[[[...]]]],  # [layer][head][query][key], 4 decimals
+    "rollout": [[...]]}}``   # [query][piece]: attention rollout, rows summing to 1
+    ``explanation`` only with ``"explain": true`` (:func:`attnkit.decode.explain`). An input (a pair: both
+    sentences together) may have as many word pieces as the model reads, [CLS] and [SEP] not counted, and at most
+    the server's ``--max-source-tokens``; more is 413 (the model would cut it). The results equal ``attnkit
+    classify``'s (:func:`attnkit.decode.classify`) on the same inputs; requests to one model share batches.
+
 POST /v1/score
     ``{"sources": ["A dog runs."] (omit for a language model), "targets": ["Ein Hund rennt."] (required)}``
     -> ``{"model": "...", "scores": [-1.9]}``   # log p(target | source): the sum over its tokens and EOS
@@ -157,6 +176,7 @@ from attnkit.serve.middleware import GuardMiddleware
 from attnkit.serve.openapi import openapi_document
 from attnkit.serve.schemas import (
     AttentionRequest,
+    ClassifyRequest,
     GenerateRequest,
     PositionalRequest,
     ScoreRequest,
@@ -258,6 +278,9 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
             can = ", ".join(sorted(m.model.capabilities)) or "nothing"
             raise ApiError(422, f"model: {m.name} is a {m.model.family} model, which cannot {capability} "
                                 f"(it can: {can})")
+        if "classify" in m.model.capabilities and endpoint != "/v1/classify":
+            raise ApiError(422, f"model: {m.name} is a {m.model.family} model, which answers /v1/classify only "
+                                "(its attention: explain there)")
         return m
 
     async def run(job: Job, request: Request) -> Response:
@@ -366,7 +389,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
     async def attention(body: AttentionRequest, request: Request):
         m = pick(body.model, "/v1/attention")
         image = None
-        if "caption" in m.model.capabilities:
+        if m.model.source == "image":
             if body.image is None:
                 raise ApiError(422, f"image: required for the captioner {m.name} (the image file as base64)")
             if body.source is not None:
@@ -384,7 +407,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
                 raise ApiError(422, f"image: {m.name} is a {m.model.family} model: send source, not an image")
             if body.source is None:
                 raise ApiError(422, "source: required")
-            if m.model.family == "transformer_lm":
+            if m.model.source == "none":
                 compute.check_prompt(m, body.source if body.target is None else body.target, settings, "source")
             else:
                 compute.source_tokens(m, [body.source], settings, field="source")
@@ -393,12 +416,12 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/score")
     async def score(body: ScoreRequest, request: Request):
         m = pick(body.model, "/v1/score")
-        if m.model.family == "transformer_lm":
+        if m.model.source == "none":
             if body.sources is not None:
                 raise ApiError(422, f"sources: {m.name} is a language model: send targets (its texts) alone")
             for i, t in enumerate(body.targets):
                 compute.check_prompt(m, t, settings, f"targets[{i}]")
-        elif "caption" in m.model.capabilities:
+        elif m.model.source == "image":
             raise ApiError(422, f"sources: {m.name} is a captioner, whose sources are images: not scored over JSON")
         else:
             if body.sources is None:
@@ -410,6 +433,14 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
             raise ApiError(413, f"targets: {len(body.targets)} texts, more than this server's limit of "
                                 f"{settings.max_sentences}")
         return await run(job("score", m, body), request)
+
+    @app.post("/v1/classify")
+    async def classify(body: ClassifyRequest, request: Request):
+        m = pick(body.model, "/v1/classify")
+        compute.check_classify(m, body)
+        tokens = compute.classify_tokens(m, body.sentences, body.pairs, settings)
+        key = None if body.explain else ("classify", m.name)
+        return await run(job("classify", m, body, key=key, tokens=sum(tokens)), request)
 
     @app.post("/v1/positional")
     async def positional(body: PositionalRequest, request: Request):

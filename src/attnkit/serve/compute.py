@@ -7,6 +7,10 @@ without waiting for the worker.
 Translation batches run :meth:`attnkit.api.Model.translate` (:func:`attnkit.decode.translate`: the decoding
 of ``attnkit translate``). A batch with a streaming request runs :func:`translate_streaming`, the same loop with
 an ``on_step`` callback (:class:`attnkit.decode.search.SearchStep`) that sends each step's best hypotheses.
+
+Classification batches run :func:`attnkit.decode.classify` on the model's module and tokenizer (what ``attnkit
+classify`` runs), the sentences of every request of the batch together; an explanation runs
+:func:`attnkit.decode.explain` for its one sentence.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
+from attnkit import registry
 from attnkit.errors import AttnkitError
 from attnkit.serve.errors import ApiError
 from attnkit.serve.worker import Abandoned, Job
@@ -88,17 +93,75 @@ def check_prompt(m, text: str, settings, field: str = "prompt") -> int:
     return n
 
 
+# --- classifiers
+
+def reads_pairs(model) -> bool:
+    """Whether a classifier was fine-tuned on sentence pairs (and so classifies pairs, never single sentences)."""
+    return model.takes_pairs
+
+
+def classify_token_limit(m, settings) -> int:
+    """Word pieces an input may have, [CLS] and [SEP] not counted (a pair: both sentences together): the model's
+    length (its tokenizer's ``max_len`` and its learned positions, less the [CLS] and [SEP] of an input) and the
+    server's ``max_source_tokens``, whichever is less. The model would cut a longer input; the server refuses it."""
+    window = min(m.model.tokenizers.max_len, m.model.module.encoder.cfg.max_positions)
+    return min(settings.max_source_tokens, window - (3 if reads_pairs(m.model) else 2))
+
+
+def classify_tokens(m, sentences: list[str], pairs: list[str] | None, settings) -> list[int]:
+    """Each input's tokens as the model reads them ([CLS] and [SEP] included: the batch budget); 413 past
+    :func:`classify_token_limit`."""
+    if len(sentences) > settings.max_sentences:
+        raise ApiError(413, f"sentences: {len(sentences)} sentences, more than this server's limit of "
+                            f"{settings.max_sentences} per request")
+    tok, limit = m.model.tokenizers, classify_token_limit(m, settings)
+    counts = []
+    for i, text in enumerate(sentences):
+        n = len(tok.ids(text))
+        if pairs is not None:
+            n += len(tok.ids(pairs[i]))
+        if n > limit:
+            what = f"sentences[{i}]: {n} word pieces" + (f" with pairs[{i}]" if pairs is not None else "")
+            raise ApiError(413, f"{what}, more than {m.name}'s limit of {limit} ([CLS] and [SEP] not counted)")
+        counts.append(n + (3 if pairs is not None else 2))
+    return counts
+
+
+def check_classify(m, body) -> None:
+    """What a classify request's fields must be beyond their types (422 otherwise): no blank text (as
+    :meth:`attnkit.api.Model.classify`: nothing to classify), pairs exactly for a model fine-tuned on pairs, one
+    per sentence, an explanation for one sentence."""
+    for field, texts in (("sentences", body.sentences), ("pairs", body.pairs or ())):
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise ApiError(422, f"{field}[{i}]: blank, not a sentence")
+    if reads_pairs(m.model):
+        if body.pairs is None:
+            raise ApiError(422, f"pairs: required: {m.name} was fine-tuned on sentence pairs (send one second "
+                                "sentence per sentence)")
+        if len(body.pairs) != len(body.sentences):
+            raise ApiError(422, f"pairs: {len(body.pairs)} second sentences for {len(body.sentences)} sentences")
+    elif body.pairs is not None:
+        raise ApiError(422, f"pairs: {m.name} was fine-tuned on single sentences: send sentences alone")
+    if body.explain and len(body.sentences) != 1:
+        raise ApiError(422, f"explain: explains one sentence at a time, not {len(body.sentences)}")
+
+
 # --- which model answers which endpoint
 
 CAPABILITY = {"/v1/translate": "translate", "/v1/generate": "generate", "/v1/caption": "caption",
-              "/v1/attention": "attention", "/v1/score": "score", "/v1/positional": "attention"}
+              "/v1/attention": "attention", "/v1/score": "score", "/v1/positional": "attention",
+              "/v1/classify": "classify"}
 
 
 def serves(m, endpoint: str) -> bool:
-    """Whether the served model ``m`` answers ``endpoint`` (the capability it needs, and what it reads)."""
+    """Whether the served model ``m`` answers ``endpoint`` (the capability it needs, and what it reads). A
+    classifier answers /v1/classify alone: its attention comes with an explanation there."""
     model = m.model
     if CAPABILITY[endpoint] not in model.capabilities:
         return False
+    if "classify" in model.capabilities:
+        return endpoint == "/v1/classify"
     if endpoint == "/v1/score":
         return "caption" not in model.capabilities  # a captioner's sources are images: not sent as JSON
     if endpoint == "/v1/positional":
@@ -121,21 +184,24 @@ def describe(m, default: bool) -> dict:
     if m.info:
         return {**m.info, "default": default}
     model = m.model
+    if "classify" in model.capabilities:
+        m.info = _describe_classifier(m)
+        return {**m.info, "default": default}
     d = model.config.decode
     counts = {}
     for kind, layers in model.attention_modules().items():
         counts[kind] = {"layers": len(layers), "heads": layers[0].n_heads if layers else 0}
-    if model.family in ("rnnsearch", "show_attend_tell"):
+    if registry.family(model.family).alignment:
         counts["cross"] = {"layers": 1, "heads": 1}
     grid = None
-    if "caption" in model.capabilities:
+    if model.source == "image":
         from attnkit.nn.vision import grid_shape
 
         grid = list(grid_shape(model.config.data.image_grid)[1:])
     cfg = getattr(model.module, "cfg", None)
     positional = getattr(cfg, "positional", None) if positional_encoding(model, "target") is not None else None
     decode = {"beam": d.beam_size, "len_penalty": d.len_penalty, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
-    if "caption" in model.capabilities:
+    if model.source == "image":
         decode["max_caption_len"] = d.max_caption_len
     m.info = {"name": m.name, "family": model.family, "capabilities": sorted(model.capabilities),
               "path": str(model.path), "decode": decode, "attention": counts, "grid": grid,
@@ -144,16 +210,33 @@ def describe(m, default: bool) -> dict:
     return {**m.info, "default": default}
 
 
+def _describe_classifier(m) -> dict:
+    """A classifier's description: its labels and problem, whether it reads pairs, a first input (a sentence, and
+    a second sentence where it reads pairs); no decoding settings (it does not decode)."""
+    model, module = m.model, m.model.module
+    cfg = module.encoder.cfg
+    pairs = reads_pairs(model)
+    return {"name": m.name, "family": model.family, "capabilities": sorted(model.capabilities),
+            "path": str(model.path), "decode": None,
+            "attention": {"encoder": {"layers": len(module.encoder.layers), "heads": cfg.n_heads}},
+            "grid": None, "positional": "learned", "max_positions": cfg.max_positions,
+            "example": CLASSIFY_EXAMPLES[pairs][0], "example_pair": CLASSIFY_EXAMPLES[pairs][1],
+            "labels": list(module.labels), "problem": module.problem, "pairs": pairs}
+
+
 # data formats whose sources are not English sentences, and what they look like
 EXAMPLES = {"dates": "July 20, 1969"}
+# a classifier's first input: (sentence, second sentence), by whether it reads pairs
+CLASSIFY_EXAMPLES = {False: ("A gripping, beautifully acted film.", None),
+                     True: ("A man is playing a guitar.", "A man plays the guitar.")}
 
 
 def _example(model) -> str | None:
     """A first input for the explorer: a source sentence the model reads, a language model's prompt; None for a
     captioner (its inputs are images)."""
-    if "caption" in model.capabilities:
+    if model.source == "image":
         return None
-    if "generate" in model.capabilities:
+    if model.source == "none":
         return "The"
     return EXAMPLES.get(model.config.data.format, "A dog is running through the grass.")
 
@@ -166,6 +249,8 @@ def run_batch(batch: list[Job], settings) -> list:
     kind = batch[0].kind
     if kind == "translate":
         return run_translate(batch, settings)
+    if kind == "classify":
+        return run_classify(batch, settings)
     job = batch[0]
     try:
         return [RUNNERS[kind](job, settings)]
@@ -290,6 +375,36 @@ def _step_events(model, jobs: list[Job], owners: list[tuple[Job, int]], beam: in
             job.emit("step", event)
 
     return on_step
+
+
+# --- classifiers
+
+
+def run_classify(jobs: list[Job], settings) -> list:
+    """Every sentence (or pair) of the batch's requests classified together, then each request's answer; a request
+    with ``explain`` (alone in its batch) also gets its sentence's explanation."""
+    from attnkit.decode import classify, explain
+
+    if all(j.cancelled for j in jobs):
+        raise Abandoned
+    m = jobs[0].served
+    module, tok = m.model.module, m.model.tokenizers
+    sentences = [s for j in jobs for s in j.payload.sentences]
+    pairs = [p for j in jobs for p in j.payload.pairs] if reads_pairs(m.model) else None
+    results = classify(module, tok, sentences, pairs, batch_tokens=settings.max_batch_tokens)
+    answers, start = [], 0
+    for j in jobs:
+        n = len(j.payload.sentences)
+        out = {"model": m.name, "results": [{"label": r.label, "probabilities": r.probabilities, "score": r.score}
+                                            for r in results[start:start + n]]}
+        if j.payload.explain:
+            e = explain(module, tok, j.payload.sentences[0], j.payload.pairs[0] if pairs is not None else None)
+            out["explanation"] = {"pieces": e.pieces, "token_types": list(e.token_types), "label": e.label,
+                                  "value": e.value, "occlusion": [round(x, 6) for x in e.occlusion],
+                                  "attention": [_rounded(w) for w in e.attention], "rollout": _rounded(e.rollout, 6)}
+        answers.append(out)
+        start += n
+    return answers
 
 
 # --- language models
@@ -469,13 +584,13 @@ def run_attention(job: Job, settings) -> dict:
 
     return {"model": m.name, "family": model.family, "source": att.source, "target": att.target, "output": att.text,
             "score": _score(att.score), "encoder": maps(att.encoder), "decoder": maps(att.decoder),
-            "cross": maps(att.cross), "grid": image_grid(model) if "caption" in model.capabilities else None,
+            "cross": maps(att.cross), "grid": image_grid(model) if model.source == "image" else None,
             "masked": {"heads": heads, "source": sorted(set(body.mask_source))}}
 
 
 def run_score(job: Job, settings) -> dict:
     m, body = job.served, job.payload
-    if m.model.family == "transformer_lm":
+    if m.model.source == "none":
         scores = m.model.score(body.targets)
     else:
         scores = m.model.score(body.sources, body.targets)
@@ -484,7 +599,7 @@ def run_score(job: Job, settings) -> dict:
 
 def positional_encoding(model, side: str):
     module = model.module
-    names = ("embed",) if model.family == "transformer_lm" else (("src_embed",) if side == "source" else
+    names = ("embed",) if model.source == "none" else (("src_embed",) if side == "source" else
                                                                   ("tgt_embed",))
     for name in names:
         embed = getattr(module, name, None)

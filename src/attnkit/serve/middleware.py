@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 log = logging.getLogger("attnkit.serve")
 
 ENDPOINTS = {"/health", "/metrics", "/docs", "/openapi.json", "/v1/models", "/v1/translate", "/v1/generate",
-             "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional"}
+             "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional", "/v1/classify"}
 
 
 class BodyTooLarge(HTTPException):

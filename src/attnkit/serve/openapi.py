@@ -16,7 +16,15 @@ limits are. This document is written from the served models and :class:`~attnkit
 
 from __future__ import annotations
 
-from attnkit.serve.compute import default_for, image_grid, learned_positions, positional_encoding, serves
+from attnkit.serve.compute import (
+    classify_token_limit,
+    default_for,
+    image_grid,
+    learned_positions,
+    positional_encoding,
+    reads_pairs,
+    serves,
+)
 from attnkit.serve.settings import Settings
 
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -84,7 +92,7 @@ def _mask_heads(model) -> dict:
 def _mask_source(model) -> dict:
     if not model.can_mask_source:
         return _array(INTEGER, maxItems=0, description=f"a {model.family} model cannot hide source tokens")
-    if "caption" in model.capabilities:
+    if model.source == "image":
         h, w = image_grid(model)
         return _array({"type": "integer", "minimum": 0, "maximum": h * w - 1},
                       description=f"grid cells to hide (row-major, {h} x {w})")
@@ -150,14 +158,14 @@ def _attention(m, default: str, s: Settings) -> dict:
     model = m.model
     common = {"mask_heads": _mask_heads(model), "mask_source": _mask_source(model),
               "precision": {"type": "integer", "minimum": 1, "maximum": 8, "default": 4}}
-    if "caption" in model.capabilities:
+    if model.source == "image":
         image = {"type": "string", "format": "byte",
                  "description": f"the image file (PNG, JPEG, ...), base64; at most {s.max_image_bytes} bytes and "
                                 f"{s.max_image_pixels} pixels (more: 413)"}
         return _branch(m, default, {"image": image, "source": {"type": "null"},
                                     "target": _nullable(_text("a caption (null: the model's own)", None)), **common},
                        ["image"])
-    if model.family == "transformer_lm":
+    if model.source == "none":
         text = _text("the text", prompt_token_limit(m, s))
         return _branch(m, default, {"source": text, "image": {"type": "null"},
                                     "target": _nullable({**text, "description": "read instead of source"}),
@@ -171,7 +179,7 @@ def _attention(m, default: str, s: Settings) -> dict:
 def _score(m, default: str, s: Settings) -> dict:
     from attnkit.serve.compute import prompt_token_limit, source_token_limit
 
-    if m.model.family == "transformer_lm":
+    if m.model.source == "none":
         return _branch(m, default, {
             "sources": {"type": "null"},
             "targets": _array(_text("a text", prompt_token_limit(m, s)), minItems=1, maxItems=s.max_sentences)},
@@ -192,8 +200,33 @@ def _positional(m, default: str, s: Settings) -> dict:
         [] if "source" in sides else ["side"])
 
 
+def _classify(m, default: str, s: Settings) -> dict:
+    limit = classify_token_limit(m, s)
+
+    def text(description: str) -> dict:
+        return {"type": "string", "pattern": r"\S", "x-max-tokens": limit, "description": (
+            f"{description}, not blank (else 422); at most {limit} word pieces, [CLS] and [SEP] not counted "
+            "(more: 413)")}
+
+    sentences = _array(text("a sentence" if not reads_pairs(m.model) else "a pair's first sentence"), minItems=1,
+                       maxItems=s.max_sentences)
+    explain = {**BOOLEAN, "default": False,
+               "description": "also the explanation: occlusion, attention, rollout (one sentence only)"}
+    rules = ["explain is true with exactly one sentence (else 422)"]
+    if reads_pairs(m.model):
+        return _branch(m, default, {
+            "sentences": sentences,
+            "pairs": _array(text("the pair's second sentence"), minItems=1, maxItems=s.max_sentences),
+            "explain": explain}, ["sentences", "pairs"], **{"x-rules": [
+                "as many pairs as sentences (else 422)",
+                f"sentences[i] and pairs[i] together at most {limit} word pieces (else 413)", *rules]})
+    return _branch(m, default, {"sentences": sentences, "pairs": {"type": "null", "description": (
+        f"{m.name} was fine-tuned on single sentences")}, "explain": explain}, ["sentences"],
+        **{"x-rules": rules})
+
+
 BODIES = {"/v1/translate": _translate, "/v1/generate": _generate, "/v1/attention": _attention,
-          "/v1/score": _score, "/v1/positional": _positional}
+          "/v1/score": _score, "/v1/positional": _positional, "/v1/classify": _classify}
 
 
 # --- answers
@@ -213,12 +246,14 @@ def _answers() -> dict:
                        ["status", "models", "queue", "in_flight", "uptime_s"]),
         "Models": _obj({"models": _array(_obj({
             "name": STRING, "family": STRING, "default": BOOLEAN, "capabilities": words, "path": STRING,
-            "decode": _obj({"beam": INTEGER, "len_penalty": NUMBER, "max_len_a": NUMBER, "max_len_b": NUMBER,
-                            "max_caption_len": INTEGER}, ["beam", "len_penalty", "max_len_a", "max_len_b"]),
+            "decode": _nullable(_obj({"beam": INTEGER, "len_penalty": NUMBER, "max_len_a": NUMBER,
+                                      "max_len_b": NUMBER, "max_caption_len": INTEGER},
+                                     ["beam", "len_penalty", "max_len_a", "max_len_b"])),
             "attention": {"type": "object", "additionalProperties": _obj({"layers": INTEGER, "heads": INTEGER},
                                                                          ["layers", "heads"])},
             "grid": _nullable(grid), "positional": _nullable(STRING), "max_positions": _nullable(INTEGER),
-            "example": _nullable(STRING)},
+            "example": _nullable(STRING), "example_pair": _nullable(STRING), "labels": words,
+            "problem": {"enum": ["classification", "regression"]}, "pairs": BOOLEAN},
             ["name", "family", "default", "capabilities", "path", "decode", "attention", "grid", "positional",
              "max_positions", "example"]))}, ["models"]),
         "Translation": _obj({
@@ -243,6 +278,21 @@ def _answers() -> dict:
             ["model", "family", "source", "target", "output", "score", "encoder", "decoder", "cross", "grid",
              "masked"]),
         "Scores": _obj({"model": STRING, "scores": _array(NUMBER)}, ["model", "scores"]),
+        "Classification": _obj({
+            "model": STRING,
+            "results": _array(_obj({
+                "label": STRING,
+                "probabilities": _nullable({"type": "object", "additionalProperties": NUMBER,
+                                            "description": "label -> probability (null for a regressor)"}),
+                "score": _nullable({**NUMBER, "description": "a regressor's prediction (null for a classifier)"})},
+                ["label", "probabilities", "score"]), description="one per sentence, in order"),
+            "explanation": _obj({
+                "pieces": words, "token_types": _array(INTEGER), "label": STRING,
+                "value": {**NUMBER, "description": "the label's probability (a regressor's score)"},
+                "occlusion": _array(NUMBER, description="per piece: value less the value without it"),
+                "attention": maps, "rollout": matrix},
+                ["pieces", "token_types", "label", "value", "occlusion", "attention", "rollout"])},
+            ["model", "results"]),
         "Positional": _obj({"model": STRING, "kind": _nullable(STRING), "d_model": INTEGER, "matrix": matrix,
                             "dot": matrix}, ["model", "kind", "d_model", "matrix", "dot"]),
     }
@@ -293,7 +343,7 @@ def openapi_document(served: dict, default: str, settings: Settings, version: st
     paths["/v1/models"] = {"get": operation("Models", _responses(GET_ERRORS + extra, "Models"))}
     paths["/metrics"] = {"get": operation("Metrics", _responses(GET_ERRORS + extra, text=True))}
     answers = {"/v1/translate": "Translation", "/v1/generate": "Generation", "/v1/attention": "Attention",
-               "/v1/score": "Scores", "/v1/positional": "Positional"}
+               "/v1/score": "Scores", "/v1/positional": "Positional", "/v1/classify": "Classification"}
     for path, build in BODIES.items():
         models = [m for m in served.values() if serves(m, path)]
         if not models:

@@ -65,3 +65,10 @@ class ScoreRequest(Request):
 class PositionalRequest(Request):
     positions: Integer = Field(50, ge=1, le=2048)
     side: Literal["source", "target"] = "source"
+
+
+class ClassifyRequest(Request):
+    sentences: list[str] = Field(..., min_length=1, description="sentences (a pair model's first sentences)")
+    pairs: list[str] | None = Field(None, description="the second sentence of each pair: exactly for a model "
+                                                      "fine-tuned on pairs")
+    explain: bool = Field(False, description="also why (occlusion, attention, rollout): one sentence only")

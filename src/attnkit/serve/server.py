@@ -47,6 +47,15 @@ def check_binding(settings: Settings) -> None:
                            "(--api-key KEY or ATTNKIT_API_KEY)")
 
 
+def _classifier(path: str) -> bool:
+    """Whether ``path`` holds a fine-tuned classifier, which decodes nothing and computes in fp32 whatever
+    ``--precision`` the server's other models decode in."""
+    from attnkit import registry
+    from attnkit.checkpoint import read_config, resolve_checkpoint
+
+    return registry.family(read_config(resolve_checkpoint(path)).model.family).source == "sentences"
+
+
 def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
     """Load the models of ``specs`` (``[NAME=]RUN_OR_CHECKPOINT``) and serve them until interrupted."""
     import uvicorn
@@ -57,10 +66,13 @@ def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
     check_binding(settings)
     models = {}
     for name, path in model_names(specs):
-        model = attnkit.load(path, precision=settings.precision)
+        classifier = _classifier(path)
+        precision = "fp32" if classifier else settings.precision
+        model = attnkit.load(path, precision=precision)
         models[name] = model
+        doing = "computing" if classifier else "decoding"
         print(f"attnkit serve: {name}: {model.family} from {model.path} "
-              f"({', '.join(sorted(model.capabilities))}; decoding in {model.precision})", file=sys.stderr)
+              f"({', '.join(sorted(model.capabilities))}; {doing} in {precision})", file=sys.stderr)
     app = create_app(models, settings)
     interval = float(os.environ.get("ATTNKIT_SWITCH_INTERVAL", "0.005"))
     sys.setswitchinterval(interval)

@@ -3,7 +3,8 @@
 Torch on a few cores is fastest with one caller: every model runs in this one thread, so requests never compete
 for the cores, and a module changed for an intervention (:meth:`attnkit.api.Model.intervene`) is never seen by
 another request. Requests that can share a batch carry the same ``key`` (translation: the model and every decoding
-option). The worker takes the oldest request and gathers the others of its key until one of:
+option; classification: the model, without an explanation). The worker takes the oldest request and gathers the
+others of its key until one of:
 
 * the batch holds ``max_batch_tokens`` source tokens;
 * as many requests are queued as were in flight (admitted) at the peak of the last ``PEAK_SECONDS``: everyone who
@@ -43,7 +44,7 @@ class Abandoned(Exception):
 
 @dataclass(eq=False)
 class Job:
-    kind: str  # translate, generate, caption, attention, score, positional
+    kind: str  # translate, generate, caption, attention, score, positional, classify
     served: object  # the ServedModel
     payload: object
     key: tuple | None = None  # requests with the same key share batches; None: alone

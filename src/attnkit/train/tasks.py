@@ -1,20 +1,29 @@
-"""What the training loop trains on. A task owns the data, its batching and its task-specific scores.
+"""What the training loop trains on. A task owns the data, its batching, its training loss, its validation and
+the metric that ranks checkpoints (as fairseq's tasks do).
 
-The Trainer only needs, from a task: ``build_model()``, ``lengths(split)`` for bucketing,
-``batch(split, indices)`` -> :class:`attnkit.data.Batch`, ``scores(model)`` for validation beyond the loss
-(BLEU, ...), and ``files`` to copy into every checkpoint (tokenizers, vocabularies). The loss is the model's
-(``model(batch.src, batch.tgt_in, targets=batch.tgt_out).loss``), the same call for every family.
+The Trainer needs, from a task: ``build_model()``; ``lengths(split)`` for bucketing; ``batch(split, indices)``
+(a batch with ``.to(device)``); ``loss(model, batch, label_smoothing)`` -> (loss to back-propagate, its
+unsmoothed value, the number of ``unit`` it sums over: target tokens, or examples); ``validate(model, device,
+max_tokens)`` -> scores named ``valid_*``; ``metric`` (the score that picks the best checkpoint, higher better
+but for ``loss``) among ``metrics``; and ``files`` to copy into every checkpoint (tokenizers, vocabularies,
+labels).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
-from attnkit.checkpoint import lm_tokenizer_file, load_tokenizers, model_for
-from attnkit.config import LM_FORMATS, ExperimentConfig
+from attnkit import registry
+from attnkit.checkpoint import lm_tokenizer_file, load_tokenizers, model_for, write_labels
+from attnkit.config import ExperimentConfig
 from attnkit.data import (
     EOS,
     Batch,
@@ -27,21 +36,46 @@ from attnkit.data import (
     collate,
     encode_pairs,
     load_split,
-    read_tinyshakespeare,
-    read_wikitext2,
     shifted_blocks,
     stream_blocks,
+    token_batches,
     train_tokenizer,
     words,
 )
+from attnkit.data.labelled import Labelled, read_labelled
+from attnkit.data.wordpiece import SentenceBatch, collate_sentences
 from attnkit.decode import translate
 from attnkit.errors import AttnkitError
-from attnkit.evaluate import bleu, language_model_scores
+from attnkit.evaluate import bleu, classification_scores, language_model_scores, regression_scores
 from attnkit.models import build_model
 from attnkit.train import distributed
 
 
-class TranslationTask:
+class GenerationTask:
+    """What every generative family shares: teacher-forced cross-entropy over the target tokens, the
+    validation loss and perplexity, then the task's own :meth:`scores`."""
+
+    unit = "tokens"
+    metric = "bleu"  # where validation computes none, the loss ranks checkpoints
+    metrics = ("bleu", "loss")
+
+    def loss(self, model, batch: Batch, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, int]:
+        out = model(batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=label_smoothing)
+        return out.loss, out.nll, batch.n_tokens
+
+    @torch.no_grad()
+    def validate(self, model, device: torch.device, max_tokens: int) -> dict:
+        total, n = 0.0, 0
+        for idx in token_batches(*self.lengths("valid"), max_tokens):
+            b = self.batch("valid", idx).to(device)
+            total, n = total + float(model(b.src, b.tgt_in, targets=b.tgt_out).nll), n + b.n_tokens
+        return {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50)), **self.scores(model)}
+
+    def scores(self, model) -> dict:
+        return {}
+
+
+class TranslationTask(GenerationTask):
     """Sentence pairs: SentencePiece subwords trained on the training side, BLEU on validation."""
 
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None,
@@ -99,7 +133,7 @@ def load_grids(cfg: ExperimentConfig, images: list[Path], rank: int = 0, world: 
     return grids.flatten(2).transpose(1, 2).contiguous()
 
 
-class CaptionTask:
+class CaptionTask(GenerationTask):
     """Flickr8k: each training example is (image, one of its captions); the source is the image's CNN grid.
 
     The grids are extracted once into ``data.feature_cache`` and held in memory as float16.
@@ -170,7 +204,7 @@ class CaptionTask:
         return {f"valid_{k}": v for k, v in scores.items()} | {"valid_bleu": scores["bleu4"]}
 
 
-class LanguageModelTask:
+class LanguageModelTask(GenerationTask):
     """One stream of text cut into contiguous blocks of ``data.block_size`` tokens: Tiny Shakespeare by
     character, WikiText-2 by the corpus's own words (``<eos>`` ending each line). Each block is one example.
 
@@ -181,6 +215,9 @@ class LanguageModelTask:
     The tokenizer is built from the training text only. The trainer reports validation loss and
     perplexity; character models add bits per character.
     """
+
+    metric = "loss"
+    metrics = ("loss",)
 
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None, world: int = 1,
                  rank: int = 0, texts: dict[str, list[str]] | None = None):
@@ -205,14 +242,13 @@ class LanguageModelTask:
     @staticmethod
     def read(cfg: ExperimentConfig, split: str, data_dir: str | None = None) -> list[str]:
         data_dir = data_dir or cfg.data.data_dir or None
-        if cfg.data.format == "tinyshakespeare":
-            return [read_tinyshakespeare(data_dir, split)]
-        return read_wikitext2(data_dir, split)
+        text = registry.resolve(registry.data_format(cfg.data.format).reader)(data_dir, split)
+        return [text] if isinstance(text, str) else text  # one stretch of characters, or lines of words
 
     @staticmethod
     def lines(cfg: ExperimentConfig, texts: list[str]) -> list[str]:
         """For SentencePiece: the text line by line, without WikiText's written ``<eos>`` (EOS takes its place)."""
-        if cfg.data.format == "tinyshakespeare":
+        if registry.data_format(cfg.data.format).unit == "characters":
             return [line for text in texts for line in text.split("\n")]
         return [line.removesuffix("<eos>").rstrip() for line in texts]
 
@@ -239,7 +275,7 @@ class LanguageModelTask:
                 return Tokenizer(path)
             return train_tokenizer(LanguageModelTask.lines(cfg, train), path, cfg.data.vocab_size,
                                    cfg.data.spm_model_type)
-        if cfg.data.format == "tinyshakespeare":
+        if registry.data_format(cfg.data.format).unit == "characters":
             return CharTokenizer.build("".join(train), path)
         return WordVocab.build(train, path, min_count=1, pretokenized=True)  # WikiText has its own <unk>s
 
@@ -271,28 +307,189 @@ class LanguageModelTask:
         return Batch(b.src, b.tgt_in, b.tgt_out, list(indices))
 
     def scores(self, model) -> dict:
-        if self.cfg.data.format != "tinyshakespeare" or self.cfg.data.lm_tokenizer != "corpus":
+        if registry.data_format(self.cfg.data.format).unit != "characters" or self.cfg.data.lm_tokenizer != "corpus":
             return {}  # the trainer's valid_loss and valid_ppl say it all
         batch_blocks = max(1, self.cfg.train.max_tokens // self.cfg.data.block_size)
         return {"valid_bpc": language_model_scores(model, self.blocks["valid"], batch_blocks, characters=True)["bpc"]}
 
 
+@dataclass
+class LabelledBatch:
+    """Sentences (or pairs) as BERT reads them, their targets (class ids [B] long, or scores [B] float) and their
+    positions in the dataset."""
+
+    inputs: SentenceBatch
+    targets: Tensor
+    indices: list[int]
+
+    def to(self, device: torch.device) -> LabelledBatch:
+        return LabelledBatch(self.inputs.to(device), self.targets.to(device), self.indices)
+
+
+def read_labelled_splits(cfg: ExperimentConfig, data_dir: str | None = None) -> tuple[Labelled, Labelled]:
+    """(train, dev) of ``data.format``: a GLUE task's train.tsv and dev.tsv, or ``data.train_file`` and
+    ``data.valid_file`` read with the ``data.*_column`` names."""
+    d = cfg.data
+    form = registry.data_format(d.format)
+    if not form.needs:  # a corpus of its own, in the data directory
+        read = registry.resolve(form.reader)
+        return read(d.format, "train", data_dir or d.data_dir or None), read(d.format, "dev", data_dir or d.data_dir
+                                                                              or None)
+    return tuple(read_labelled(path, d.text_column, d.text_pair_column or None, d.label_column,
+                               regression=d.regression) for path in (d.train_file, d.valid_file))
+
+
+def is_regression(cfg: ExperimentConfig) -> bool:
+    """Scores, not classes: a corpus of scores (STS-B), or your own file read with ``data.regression``."""
+    form = registry.data_format(cfg.data.format)
+    return form.regression or (bool(form.needs) and cfg.data.regression)
+
+
+class ClassificationTask:
+    """Labelled sentences or sentence pairs: a pretrained BERT fine-tuned with a classifier (or regressor) head.
+
+    The label set is the training file's (a dev label outside it is an error, naming the file and line), kept in
+    the run's ``labels.json``; the word pieces are the pretrained model's (``vocab.txt``, and its casing in
+    ``tokenizer_config.json``). Each input is cut to ``data.truncate`` pieces; a batch pads only to its longest
+    input. The loss sums over examples; validation scores with scikit-learn (accuracy, F1, Matthews) or SciPy
+    (Pearson, Spearman).
+    """
+
+    unit = "examples"
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None, world: int = 1,
+                 rank: int = 0, splits: tuple[Labelled, Labelled] | None = None):
+        """``splits`` (tests): (train, dev) instead of ``data.format``'s files."""
+        from attnkit.data import WordPiece, check_labels, label_set
+        from attnkit.models.bert import bert_config, minilm_dir
+
+        train, valid = splits or read_labelled_splits(cfg, data_dir)
+        self.problem = "regression" if is_regression(cfg) else "classification"
+        if self.problem == "classification":
+            self.labels = list(train.label_names or label_set(train))
+            check_labels(valid, self.labels, train.origin or "the training file")
+            self.metric = registry.data_format(cfg.data.format).metric or "accuracy"  # GLUE's figure for the task
+            self.metrics = ("accuracy", "f1", "matthews", "loss")
+        else:
+            self.labels, self.metric, self.metrics = ["score"], "spearman", ("pearson", "spearman", "loss")
+        if valid.labels is None:
+            raise AttnkitError(f"{valid.origin}: the validation file has no labels")
+        self.pretrained = Path(cfg.model.pretrained) if cfg.model.pretrained else minilm_dir()
+        config_file = self.pretrained / "config.json"
+        try:
+            hf = json.loads(config_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise AttnkitError(f"model.pretrained: {config_file}: missing (not a Hugging Face BERT directory)") \
+                from None
+        except json.JSONDecodeError as e:
+            raise AttnkitError(f"model.pretrained: {config_file}:{e.lineno}: invalid JSON ({e.msg})") from None
+        shape = bert_config(hf, str(config_file))
+        cfg.model = dataclasses.replace(cfg.model, **{k: getattr(shape, k) for k in (
+            "d_model", "n_heads", "d_ff", "n_layers", "activation", "layer_norm_eps", "max_positions")})
+        if cfg.data.truncate > cfg.model.max_positions:
+            raise AttnkitError(f"data.truncate = {cfg.data.truncate} is longer than the {cfg.model.max_positions} "
+                               f"positions of {self.pretrained}")
+        self.cfg, run_dir = cfg, Path(run_dir)
+        if rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.pretrained / "vocab.txt", run_dir / "vocab.txt")
+            casing = WordPiece.from_pretrained(self.pretrained).lowercase
+            (run_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": casing}) + "\n",
+                                                           encoding="utf-8")
+            write_labels(run_dir, self.problem, self.labels)
+        distributed.barrier(world)
+        self.run_dir = run_dir
+        self.tokenizer = WordPiece.from_pretrained(run_dir, max_len=cfg.data.truncate)
+        self.examples, self.targets, self.splits = {}, {}, {"train": train, "valid": valid}
+        index = {name: i for i, name in enumerate(self.labels)}
+        for split, data in self.splits.items():
+            pairs = data.pairs or [None] * len(data.texts)
+            self.examples[split] = [self.tokenizer.example(a, b) for a, b in zip(data.texts, pairs)]
+            if self.problem == "regression":
+                self.targets[split] = torch.tensor(data.labels, dtype=torch.float32)
+            else:
+                self.targets[split] = torch.tensor([index[label] for label in data.labels], dtype=torch.long)
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.run_dir / name for name in ("labels.json", "tokenizer_config.json", "vocab.txt")]
+
+    def class_weights(self) -> list[float] | None:
+        """``train.class_weights = "balanced"``: n / (classes * count of the class), scikit-learn's."""
+        if self.cfg.train.class_weights == "none":
+            return None
+        if self.problem == "regression":
+            raise AttnkitError("train.class_weights = 'balanced' is for classification; this task is a regression")
+        import numpy as np
+        from sklearn.utils.class_weight import compute_class_weight
+
+        classes = np.arange(len(self.labels))
+        return compute_class_weight("balanced", classes=classes, y=self.targets["train"].numpy()).tolist()
+
+    def build_model(self):
+        """The pretrained encoder (and BERT's pooler where ``model.pooling = "cls"``) with a new head, initialised
+        from ``train.seed`` (:func:`attnkit.models.load_pretrained_classifier`), with this run's dropout."""
+        from attnkit.models import build_classifier, load_pretrained_classifier
+
+        m = self.cfg.model
+        pretrained = load_pretrained_classifier(self.pretrained, len(self.labels), m.pooling, m.dropout, self.problem,
+                                                self.labels, seed=self.cfg.train.seed)
+        model = build_classifier(m, self.tokenizer.vocab_size, self.labels, self.problem, self.class_weights())
+        model.load_state_dict(pretrained.state_dict())
+        return model
+
+    def lengths(self, split: str) -> tuple[list[int], list[int]]:
+        # token_batches counts one more per example: the [CLS] the ids already hold stands for it
+        return [len(ids) - 1 for ids, _ in self.examples[split]], [0] * len(self.examples[split])
+
+    def batch(self, split: str, indices: list[int]) -> LabelledBatch:
+        inputs = collate_sentences([self.examples[split][i] for i in indices], self.tokenizer.pad_id)
+        return LabelledBatch(inputs, self.targets[split][indices], list(indices))
+
+    def loss(self, model, batch: LabelledBatch, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, int]:
+        b = batch.inputs
+        out = model(b.tokens, b.padding_mask, b.token_types, targets=batch.targets, label_smoothing=label_smoothing)
+        return out.loss, out.nll, len(batch.indices)
+
+    @torch.no_grad()
+    def predict(self, model, split: str, device: torch.device, max_tokens: int) -> Tensor:
+        """Logits [N, n_labels] of every example of ``split``, in its order."""
+        outputs = [None] * len(self.examples[split])
+        for idx in token_batches(*self.lengths(split), max_tokens):
+            b = self.batch(split, idx).to(device)
+            logits = model(b.inputs.tokens, b.inputs.padding_mask, b.inputs.token_types).logits.float().cpu()
+            for row, i in enumerate(idx):
+                outputs[i] = logits[row]
+        return torch.stack(outputs)
+
+    def validate(self, model, device: torch.device, max_tokens: int) -> dict:
+        logits = self.predict(model, "valid", device, max_tokens)
+        gold = self.targets["valid"]
+        if self.problem == "regression":
+            predictions = logits[:, 0]
+            loss = float(((predictions - gold) ** 2).mean())
+            scores = regression_scores(predictions.tolist(), gold.tolist())
+        else:
+            loss = float(torch.nn.functional.cross_entropy(logits, gold))
+            scores = classification_scores(logits.argmax(-1).tolist(), gold.tolist(), len(self.labels))
+        return {"valid_loss": loss, **{f"valid_{k}": v for k, v in scores.items()}}
+
+
 def restore(cfg: ExperimentConfig, directory: Path):
     """-> (model, tokenizers) from a checkpoint directory's files (the weights are loaded by the caller)."""
     toks = load_tokenizers(cfg, directory)
-    return model_for(cfg, toks), toks
+    return model_for(cfg, toks, directory), toks
 
 
 def task_class(cfg: ExperimentConfig):
-    if cfg.data.format in LM_FORMATS:
-        return LanguageModelTask
-    return CaptionTask if cfg.data.format == "flickr8k" else TranslationTask
+    """The training task of ``cfg``'s data (:mod:`attnkit.registry`)."""
+    return registry.resolve(registry.task_of(cfg).trainer)
 
 
 def make_task(cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None,
               train_pairs: Parallel | None = None, valid_pairs: Parallel | None = None, world: int = 1, rank: int = 0):
-    if task_class(cfg) is CaptionTask:
-        return CaptionTask(cfg, run_dir, data_dir, world, rank)
-    if task_class(cfg) is LanguageModelTask:
-        return LanguageModelTask(cfg, run_dir, data_dir, world, rank)
-    return TranslationTask(cfg, run_dir, data_dir, train_pairs, valid_pairs, world, rank)
+    """``cfg``'s training task; ``train_pairs`` and ``valid_pairs`` (translation) stand in for its data files."""
+    cls = task_class(cfg)
+    if cls is TranslationTask:
+        return cls(cfg, run_dir, data_dir, train_pairs, valid_pairs, world, rank)
+    return cls(cfg, run_dir, data_dir, world, rank)

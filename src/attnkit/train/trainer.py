@@ -53,6 +53,7 @@ class Progress:
     train_seconds: float = 0.0
     train_tokens: int = 0
     best_score: float | None = None
+    validations_since_best: int = 0  # early stopping (train.patience) counts these
     history: list[str] = field(default_factory=list)  # checkpoint directory names, oldest first
 
     # the progress bar: a run stops at max_steps or when train.max_minutes of training time are spent, whichever
@@ -108,6 +109,19 @@ def gradient_sync(model, sync: bool):
     return contextlib.nullcontext() if sync else model.no_sync()
 
 
+def make_optimizer(model, t) -> torch.optim.Optimizer:
+    """``train.optimizer``: Adam, whose ``weight_decay`` adds an L2 term to the gradient, or AdamW (Loshchilov &
+    Hutter 2019), which decays the weights themselves, and (as BERT's fine-tuning) not biases nor LayerNorm
+    gains: the parameters with one dimension."""
+    if t.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
+                                fused=True)
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() > 1], "weight_decay": t.weight_decay},
+              {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=t.betas, eps=t.eps, fused=True)
+
+
 def checkpoint_of(path: str | Path) -> Path:
     """A checkpoint directory, or a run directory standing for its last checkpoint."""
     path = Path(path)
@@ -130,6 +144,10 @@ class Trainer:
         self.amp_dtype, self.scaler = mixed_precision(cfg.train.precision, self.device)
         self.rank, self.world = distributed.setup(self.device)
         self.task = task or make_task(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world, self.rank)
+        self.metric = cfg.train.best_metric or self.task.metric
+        if self.metric not in self.task.metrics:
+            raise AttnkitError(f"train.best_metric = {self.metric!r}: this task's validation reports "
+                               f"{', '.join(self.task.metrics)}")
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model()
         if cfg.train.init_from:
@@ -145,8 +163,7 @@ class Trainer:
                 self.forward_model = torch.nn.parallel.DistributedDataParallel(
                     self.model, device_ids=None if self.device.type == "cpu" else [self.device.index])
         t = cfg.train
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps,
-                                          weight_decay=t.weight_decay, fused=True)
+        self.optimizer = make_optimizer(self.model, t)
         self.progress = Progress()
         self._recorded = False  # config.toml and run.jsonl are written when training starts, not before: a
         # rejected --resume leaves the run as it was
@@ -403,25 +420,23 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, model=None) -> dict:
-        """Validation loss and the task's scores of ``model`` (default ``self.model``), on this rank."""
+        """The task's validation scores of ``model`` (default ``self.model``), on this rank."""
         model = self.model if model is None else model
         model.eval()
-        total, n = 0.0, 0
-        for idx in token_batches(*self.task.lengths("valid"), self.cfg.train.max_tokens):
-            b = self.task.batch("valid", idx).to(self.device)
-            nll = model(b.src, b.tgt_in, targets=b.tgt_out).nll
-            total, n = total + float(nll), n + b.n_tokens
-        scores = {"valid_loss": total / n, "valid_ppl": math.exp(min(total / n, 50)), **self.task.scores(model)}
+        scores = self.task.validate(model, self.device, self.cfg.train.max_tokens)
         model.train()
         return scores
 
     def score_value(self, scores: dict) -> float | None:
-        """What train.best_metric ranks checkpoints by, higher better; None where ``scores`` lacks it."""
-        key = "valid_bleu" if self.cfg.train.best_metric == "bleu" and "valid_bleu" in scores else "valid_loss"
+        """What ranks checkpoints (the task's metric, or train.best_metric), higher better (the loss negated);
+        None where ``scores`` lacks it. Where validation computed no BLEU (train.eval_bleu = false), the loss."""
+        key = f"valid_{self.metric}"
+        if self.metric == "bleu" and key not in scores:
+            key = "valid_loss"
         value = scores.get(key)
         if not isinstance(value, (int, float)):
             return None
-        return value if key == "valid_bleu" else -value
+        return -value if key == "valid_loss" else value
 
     def is_better(self, scores: dict) -> bool:
         value = self.score_value(scores)
@@ -429,8 +444,15 @@ class Trainer:
             return False
         if self.progress.best_score is None or value > self.progress.best_score:
             self.progress.best_score = value
+            self.progress.validations_since_best = 0
             return True
+        self.progress.validations_since_best += 1
         return False
+
+    def out_of_patience(self) -> bool:
+        """Early stopping: ``train.patience`` validations in a row without a better score."""
+        patience = self.cfg.train.patience
+        return bool(patience) and self.progress.validations_since_best >= patience
 
     def evaluate_and_save(self) -> dict:
         model = self.full_model()
@@ -453,7 +475,7 @@ class Trainer:
     def _update(self, group: list[list[int]], lr: float) -> tuple[int, float]:
         """One optimizer step over this rank's share of ``group`` (lists of example indices).
 
-        Returns the number of target tokens and their summed NLL, over all ranks.
+        Returns the number of the task's units (target tokens, or examples) and their summed NLL, over all ranks.
         """
         model, t = self.forward_model, self.cfg.train
         for g in self.optimizer.param_groups:
@@ -464,16 +486,15 @@ class Trainer:
             sync = self.world == 1 or k == len(group) - 1  # all-reduce gradients once per update
             with gradient_sync(model, sync):
                 with self.autocast():
-                    out = model(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=t.label_smoothing)
-                    loss, nll = out.loss, out.nll
+                    loss, nll, count = self.task.loss(model, b, t.label_smoothing)
                 (loss if self.scaler is None else self.scaler.scale(loss)).backward()
-            n_tokens += b.n_tokens
+            n_tokens += count
             loss_sum += float(nll)
         n_tokens = int(distributed.all_sum(n_tokens, self.world))
         loss_sum = distributed.all_sum(loss_sum, self.world)
         if self.scaler is not None:  # fp16: the per-token scaling and clipping see the true gradients
             self.scaler.unscale_(self.optimizer)
-        # the loss is a sum over tokens and DDP (and FSDP) average over ranks: make it a per-token mean
+        # the loss is a sum over tokens (examples) and DDP (and FSDP) average over ranks: make it a per-token mean
         for param in self.model.parameters():
             if param.grad is not None:
                 param.grad.mul_(self.world / n_tokens)
@@ -487,6 +508,25 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return n_tokens, loss_sum
 
+    def stops_early(self) -> bool:
+        """Whether early stopping ends the run now (rank 0 validates and decides for every rank)."""
+        stop = distributed.any_true(self.rank == 0 and self.out_of_patience(), self.world)
+        if stop and self.rank == 0:
+            self.log({"step": self.progress.step, "early_stop": True,
+                      "validations_since_best": self.progress.validations_since_best})
+        return stop
+
+    def total_steps(self, src_lens, tgt_lens) -> int:
+        """The step the run ends at unless a time budget or early stopping ends it first: ``max_steps``, or
+        fewer where ``max_epochs`` ends first (the last step of the linear and cosine schedules)."""
+        t = self.cfg.train
+        if not t.max_epochs:
+            return t.max_steps
+        per_update = t.update_freq * self.world
+        n = len(token_batches(src_lens, tgt_lens, t.max_tokens, seed=t.seed, epoch=0, max_examples=t.batch_size))
+        last = n if self.world == 1 else n - per_update + 1
+        return min(t.max_steps, t.max_epochs * len(range(0, max(last, 0), per_update)))
+
     def autocast(self):
         """Mixed precision for the forward pass and loss (``train.precision``); nothing at fp32."""
         if self.amp_dtype is None:
@@ -499,7 +539,9 @@ class Trainer:
         self.forward_model.train()
         src_lens, tgt_lens = self.task.lengths("train")
         per_update = t.update_freq * self.world  # batches consumed by one optimizer step, over all ranks
-        bar = tqdm(total=p.expected_total(t.max_steps, t.max_minutes), initial=p.step,
+        total_steps = self.total_steps(src_lens, tgt_lens)  # max_steps, or where max_epochs ends first
+        unit = self.task.unit
+        bar = tqdm(total=p.expected_total(total_steps, t.max_minutes), initial=p.step,
                    disable=not t.progress or self.rank != 0, file=sys.stderr, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 60.0, desc="train")
         bar_from = (p.step, p.train_seconds)  # this session's rate sets where a time budget ends the run
@@ -510,12 +552,13 @@ class Trainer:
         while not stop:
             if t.max_epochs and p.epoch >= t.max_epochs:
                 break
-            batches = token_batches(src_lens, tgt_lens, t.max_tokens, seed=t.seed, epoch=p.epoch)
+            batches = token_batches(src_lens, tgt_lens, t.max_tokens, seed=t.seed, epoch=p.epoch,
+                                    max_examples=t.batch_size)
             # every rank needs a batch for each step: an epoch's last, incomplete group is skipped
             last = len(batches) if self.world == 1 else len(batches) - per_update + 1
             while p.batch_in_epoch < last:
                 group = batches[p.batch_in_epoch: p.batch_in_epoch + per_update][self.rank::self.world]
-                lr = learning_rate(p.step + 1, t, self.cfg.model.width)
+                lr = learning_rate(p.step + 1, t, self.cfg.model.width, total_steps)
                 n_tokens, loss_sum = self._update(group, lr)
                 p.step += 1
                 p.batch_in_epoch += per_update
@@ -524,20 +567,21 @@ class Trainer:
                 window_loss += loss_sum
                 window_tokens += n_tokens
                 rate = (p.step - bar_from[0]) / max(p.train_seconds - bar_from[1], 1e-9)
-                bar.total = p.expected_total(t.max_steps, t.max_minutes, rate)
+                bar.total = p.expected_total(total_steps, t.max_minutes, rate)
                 bar.update(1)
                 if p.step % t.log_every == 0:
                     elapsed = p.train_seconds - window_start
                     record = {"step": p.step, "epoch": p.epoch, "lr": lr, "train_nll": window_loss / window_tokens,
-                              "tokens_per_s": window_tokens / max(elapsed, 1e-9), "minutes": p.train_seconds / 60}
+                              f"{unit}_per_s": window_tokens / max(elapsed, 1e-9), "minutes": p.train_seconds / 60}
                     self.log(record)
-                    bar.set_postfix(nll=f"{record['train_nll']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                    bar.set_postfix(nll=f"{record['train_nll']:.3f}", per_s=f"{record[f'{unit}_per_s']:.0f}")
                     window_loss, window_tokens, window_start = 0.0, 0, p.train_seconds
                 out_of_time = bool(t.max_minutes) and p.train_seconds >= t.max_minutes * 60
                 stop = p.step >= t.max_steps or distributed.any_true(out_of_time, self.world)
                 if stop or (t.eval_every and p.step % t.eval_every == 0):
                     scores = self.evaluate_and_save()
                     start = time.monotonic() - p.train_seconds  # validation time is not training time
+                    stop = stop or self.stops_early()
                 elif t.save_every and p.step % t.save_every == 0:
                     self.save(self.full_model())
                 if stop:
@@ -548,6 +592,8 @@ class Trainer:
                 if not t.eval_every:
                     scores = self.evaluate_and_save()
                     start = time.monotonic() - p.train_seconds
+                    if self.stops_early():
+                        break
         bar.close()
         if f"step-{p.step}" not in p.history:
             scores = self.evaluate_and_save()
@@ -556,7 +602,7 @@ class Trainer:
             average_checkpoints(paths, self.ckpt_dir / "averaged")
         distributed.barrier(self.world)
         return {"step": p.step, "epoch": p.epoch, "train_minutes": p.train_seconds / 60,
-                "tokens_per_s": p.train_tokens / max(p.train_seconds, 1e-9), **scores}
+                f"{unit}_per_s": p.train_tokens / max(p.train_seconds, 1e-9), **scores}
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

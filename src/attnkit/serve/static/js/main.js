@@ -7,11 +7,12 @@ import translate from "./views/translate.js";
 import modelView from "./views/model.js";
 import interventions from "./views/interventions.js";
 import lm from "./views/lm.js";
+import classify from "./views/classify.js";
 import caption from "./views/caption.js";
 import rnnsearch from "./views/rnnsearch.js";
 import positional from "./views/positional.js";
 
-const VIEWS = [translate, modelView, interventions, lm, caption, rnnsearch, positional];
+const VIEWS = [translate, modelView, interventions, lm, classify, caption, rnnsearch, positional];
 const byId = Object.fromEntries(VIEWS.map((v) => [v.id, v]));
 
 window.attnkit = window.attnkit || {};
@@ -44,9 +45,16 @@ function markTabs() {
   }
 }
 
+// the view a page without one in its link opens on: the first whose model is served, the Model view (any model with
+// attention) only when no other is (a server of one classifier opens on Classify), else Translate
+function firstServed() {
+  const served = VIEWS.filter((v) => v.needs && models.some(v.needs.has));
+  return (served.find((v) => v !== modelView) ?? served[0] ?? translate).id;
+}
+
 function route() {
   const { view, params } = readHash();
-  const id = byId[view] ? view : "translate";
+  const id = byId[view] ? view : firstServed();
   for (const a of document.querySelectorAll("#tabs a")) a.classList.toggle("active", a.dataset.view === id);
   if (current && currentId === id && current.restore) {  // the same view, new state (a pasted link)
     current.restore(params);

@@ -28,15 +28,17 @@ export const num = (v, d) => (v === undefined || v === null || v === "" || Numbe
 export const list = (v) => (v ? String(v).split(",").filter((x) => x !== "") : []);
 
 // --- the example the views share: what was last run in any view (a sentence to translate, a language model's
-// prompt, a captioner's image), so that a view opens on it and shows its result, not an empty form. On load it
-// holds a first example for the served models.
+// prompt, a captioner's image, a classifier's sentence), so that a view opens on it and shows its result, not an
+// empty form. On load it holds a first example for the served models.
 
 const ENGLISH_SOURCE = "A dog is running through the grass.";  // Multi30k's and Tatoeba's: English
 const LM_PROMPT = "the";
 const IMAGE = "dog";  // one of static/samples/*.png
 
-/** The current example: {src, model (the translation model that read it), prompt, lm, image, blob}. */
-export const example = { src: "", model: "", prompt: "", lm: "", image: "", blob: null };
+/** The current example: {src, model (the translation model that read it), prompt, lm, image, blob, text, pair,
+ * classifier (the classifier that read text, and pair when it reads pairs)}. */
+export const example = { src: "", model: "", prompt: "", lm: "", image: "", blob: null, text: "", pair: "",
+  classifier: "" };
 
 export function setExample(patch) {
   Object.assign(example, patch);
@@ -47,15 +49,28 @@ export function firstSource(m) {
   return m.example ? String(m.example) : ENGLISH_SOURCE;
 }
 
+/** Whether a classifier reads sentence pairs, as GET /v1/models says. */
+export function readsPairs(m) {
+  return !!m.pairs;
+}
+
+/** A first second sentence for a classifier of pairs: the one GET /v1/models gives, else empty. */
+export function firstPair(m) {
+  return m.example_pair != null ? String(m.example_pair) : "";
+}
+
 /** Fill in the first example for ``models`` (normalized: capabilities a Set). */
 export function seedExample(models) {
   const mt = models.find((m) => m.capabilities.has("translate") && m.capabilities.has("attention"))
     ?? models.find((m) => m.capabilities.has("translate"));
   const lm = models.find((m) => m.capabilities.has("generate"));
+  const cls = models.find((m) => m.capabilities.has("classify"));
   setExample({
     src: mt ? firstSource(mt) : "", model: mt ? mt.name : "",
     prompt: lm ? (lm.example != null ? String(lm.example) : LM_PROMPT) : "", lm: lm ? lm.name : "",
     image: models.some((m) => m.capabilities.has("caption")) ? IMAGE : "", blob: null,
+    text: cls && cls.example != null ? String(cls.example) : "", pair: cls && readsPairs(cls) ? firstPair(cls) : "",
+    classifier: cls ? cls.name : "",
   });
 }
 

@@ -8,8 +8,11 @@ import { example, pickModel, setExample, writeHash } from "../state.js";
 import { exampleControls, h, header, job, labeled, modelSelect, noModel, pretty, status } from "../ui.js";
 
 const ID = "model";
-const NEEDS = { what: "model with attention", capability: "attention", has: (m) => m.capabilities.has("attention"),
-  start: "a Transformer (translation or language model), convolutional-encoder Transformer or RNNsearch checkpoint" };
+// a classifier's attention comes with its explanation, in the Classify view (/v1/attention does not answer for it)
+const NEEDS = { what: "model with attention", capability: "attention",
+  has: (m) => m.capabilities.has("attention") && !m.capabilities.has("classify"),
+  start: "a Transformer (translation or language model), convolutional-encoder Transformer or RNNsearch checkpoint",
+  hint: "A classifier's attention is in the Classify view." };
 const THUMB = 84;  // CSS pixels of a thumbnail's longer side
 const size = (n) => (n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB` : `${Math.ceil(n / 1e3)} kB`);
 

@@ -35,7 +35,8 @@ export function gram(pe) {
 }
 
 function mount(root, ctx, params) {
-  const learned = ctx.modelsFor((m) => m.positional);
+  // a classifier answers /v1/classify alone: its position embeddings are not served
+  const learned = ctx.modelsFor((m) => m.positional && !m.capabilities.has("classify"));
   const view = { id: ID };
   header(root, { title: "Positional encoding", view,
     lead: "The sinusoids of “Attention Is All You Need”, computed in this page: each row is a position, each column "
