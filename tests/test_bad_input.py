@@ -328,20 +328,24 @@ def test_there_are_enough_cases():
     assert len({c[1] for c in CASES}) == len(CASES)
 
 
+def _with_stdin(argv, monkeypatch) -> list:
+    """A case's argv; a case given as (argv, bytes) reads those bytes on stdin, through a pipe."""
+    if not isinstance(argv, tuple):
+        return argv
+    argv, stdin = argv
+    r, wfd = os.pipe()
+    os.write(wfd, stdin)
+    os.close(wfd)
+    monkeypatch.setattr("sys.stdin", os.fdopen(r, "rb"))
+    return argv
+
+
 @pytest.mark.parametrize("category, name, setup, needle", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_bad_input(category, name, setup, needle, tmp_path, tiny_run, lm_checkpoint, capsys, monkeypatch):
     monkeypatch.delenv("ATTNKIT_DEBUG", raising=False)
     w = Work(tmp_path, tiny_run, lm_checkpoint)
     monkeypatch.chdir(tmp_path)  # anything written by mistake lands in the hashed tree
-    argv = setup(w)
-    stdin = None
-    if isinstance(argv, tuple):
-        argv, stdin = argv
-    if stdin is not None:
-        r, wfd = os.pipe()
-        os.write(wfd, stdin)
-        os.close(wfd)
-        monkeypatch.setattr("sys.stdin", os.fdopen(r, "rb"))
+    argv = _with_stdin(setup(w), monkeypatch)
     # nothing may be decoded before an option, an output path or a source is refused
     import attnkit.decode
 
@@ -550,15 +554,7 @@ def test_classifier_bad_input(name, setup, needle, tmp_path, classifier_run, reg
     monkeypatch.delenv("ATTNKIT_DEBUG", raising=False)
     w = ClassifierWork(tmp_path, classifier_run, regressor_run, trained_checkpoint)
     monkeypatch.chdir(tmp_path)
-    argv = setup(w)
-    stdin = None
-    if isinstance(argv, tuple):
-        argv, stdin = argv
-    if stdin is not None:
-        r, wfd = os.pipe()
-        os.write(wfd, stdin)
-        os.close(wfd)
-        monkeypatch.setattr("sys.stdin", os.fdopen(r, "rb"))
+    argv = _with_stdin(setup(w), monkeypatch)
 
     def no_work(*a, **k):
         raise AssertionError("classifying started before the input was checked")

@@ -281,11 +281,8 @@ def cmd_translate(args) -> int:
     limit, name = cfg.decode.max_source_tokens, args.input if args.input and args.input != "-" else "stdin"
     if args.input and args.input != "-":
         _check_source_lengths(sources, toks.src, limit, name)  # before --output is opened (and emptied)
-    try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    except OSError as e:
-        raise AttnkitError(f"--output {args.output}: cannot write ({e.strerror})") from None
-    try:
+
+    def translated():
         done = 0
         for chunk in chunks:
             _check_source_lengths(chunk, toks.src, limit, name, done + 1)
@@ -296,9 +293,23 @@ def cmd_translate(args) -> int:
                     lines += [f"{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, t.text)]
                 else:
                     lines.append(t.text[0])
+            yield lines
+
+    return _stream(args.output, translated())
+
+
+def _stream(output: str | None, chunks) -> int:
+    """Write each chunk of lines to ``output`` (stdout when None) and flush it before the next chunk is made, so
+    a reader at the end of a pipe sees results as they come; a reader that goes away (| head) ends it quietly."""
+    try:
+        out = open(output, "w", encoding="utf-8") if output else sys.stdout
+    except OSError as e:
+        raise AttnkitError(f"--output {output}: cannot write ({e.strerror})") from None
+    try:
+        for lines in chunks:
             out.write("".join(line + "\n" for line in lines))
             out.flush()
-    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a filter does
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         if out is not sys.stdout:
@@ -518,21 +529,8 @@ def cmd_classify(args) -> int:
     _check_output(args.output)
     model = _load_classifier(args)
     chunks = _classify_chunks(args, model)  # a file: read and checked before --output is opened (and emptied)
-    try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    except OSError as e:
-        raise AttnkitError(f"--output {args.output}: cannot write ({e.strerror})") from None
-    try:
-        for texts, pairs in chunks:
-            results = classify(model.module, model.tokenizers, texts, pairs)
-            out.write("".join(_classification_line(c) + "\n" for c in results))
-            out.flush()
-    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a filter does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    return 0
+    return _stream(args.output, ([_classification_line(c) for c in classify(model.module, model.tokenizers, texts,
+                                                                             pairs)] for texts, pairs in chunks))
 
 
 def _evaluate_classifier(args) -> int:

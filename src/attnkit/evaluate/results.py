@@ -22,16 +22,24 @@ def git_commit() -> str:
         return "unknown"
 
 
+# the instruction sets that decide which precisions and kernels are fast on a CPU
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile",
+              "amx_bf16", "amx_int8")
+
+
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
+    """The CPU model, its count of cores and its vector instruction sets (``SIMD_FLAGS`` it has), the platform."""
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == (platform.processor() or platform.machine()):
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return {"cpus": os.cpu_count(), "cpu": cpu, "platform": platform.platform(), "python": sys.version.split()[0]}
+    return {"cpus": os.cpu_count(), "cpu": cpu, "cpu_flags": [f for f in SIMD_FLAGS if f in flags],
+            "platform": platform.platform(), "python": sys.version.split()[0]}
 
 
 def versions() -> dict:

@@ -83,6 +83,35 @@ def regression_loss(predictions: Tensor, targets: Tensor, reduction: str = "sum"
 # --- the model
 
 
+def head_labels(n_labels: int, problem: str, labels: Sequence[str] | None = None) -> list[str]:
+    """The label names of a head of ``n_labels`` outputs for ``problem``, checked (a regressor has one output,
+    a classifier at least two, each label its own name); None names them LABEL_0.. (a regressor's: "score")."""
+    if problem not in PROBLEMS:
+        raise AttnkitError(f"problem {problem!r}: expected one of {', '.join(PROBLEMS)}")
+    if problem == "regression" and n_labels != 1:
+        raise AttnkitError(f"regression predicts one score: n_labels must be 1, not {n_labels}")
+    if problem == "classification" and n_labels < 2:
+        raise AttnkitError(f"classification needs at least 2 labels, not {n_labels}")
+    if labels is None:
+        labels = ["score"] if problem == "regression" else [f"LABEL_{i}" for i in range(n_labels)]
+    labels = [str(name) for name in labels]
+    if len(labels) != n_labels or len(set(labels)) != n_labels:
+        raise AttnkitError(f"labels {labels}: expected {n_labels} different names")
+    return labels
+
+
+def head_class_weights(class_weights: Sequence[float] | Tensor | None, n_labels: int, problem: str) -> Tensor | None:
+    """Class weights as the loss takes them: [n_labels] float32, checked (None: every class weighs 1)."""
+    if class_weights is None:
+        return None
+    if problem == "regression":
+        raise AttnkitError("class_weights are for classification, not regression")
+    class_weights = torch.as_tensor(class_weights, dtype=torch.float32)
+    if class_weights.shape != (n_labels,):
+        raise AttnkitError(f"class_weights: expected {n_labels} weights, got shape {tuple(class_weights.shape)}")
+    return class_weights
+
+
 class SequenceClassifier(nn.Module):
     """BERT, a pooled representation, dropout and one linear layer: a classifier over ``labels`` or, with
     ``problem="regression"``, one real-valued score.
@@ -102,31 +131,14 @@ class SequenceClassifier(nn.Module):
         super().__init__()
         if pooling not in POOLINGS:
             raise AttnkitError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
-        if problem not in PROBLEMS:
-            raise AttnkitError(f"problem {problem!r}: expected one of {', '.join(PROBLEMS)}")
-        if problem == "regression" and n_labels != 1:
-            raise AttnkitError(f"regression predicts one score: n_labels must be 1, not {n_labels}")
-        if problem == "classification" and n_labels < 2:
-            raise AttnkitError(f"classification needs at least 2 labels, not {n_labels}")
-        if labels is None:
-            labels = ["score"] if problem == "regression" else [f"LABEL_{i}" for i in range(n_labels)]
-        labels = [str(name) for name in labels]
-        if len(labels) != n_labels or len(set(labels)) != n_labels:
-            raise AttnkitError(f"labels {labels}: expected {n_labels} different names")
+        labels = head_labels(n_labels, problem, labels)
         self.encoder = encoder
         self.n_labels, self.pooling, self.problem, self.labels = n_labels, pooling, problem, tuple(labels)
         d = encoder.cfg.d_model
         self.pooler = nn.Linear(d, d) if pooling == "cls" else None
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(d, n_labels)
-        if class_weights is not None:
-            if problem == "regression":
-                raise AttnkitError("class_weights are for classification, not regression")
-            class_weights = torch.as_tensor(class_weights, dtype=torch.float32)
-            if class_weights.shape != (n_labels,):
-                raise AttnkitError(f"class_weights: expected {n_labels} weights, "
-                                   f"got shape {tuple(class_weights.shape)}")
-        self.register_buffer("class_weights", class_weights, persistent=False)
+        self.register_buffer("class_weights", head_class_weights(class_weights, n_labels, problem), persistent=False)
         self.pooler_pretrained = False  # load_pretrained_classifier: W_p, b_p came from the checkpoint
 
     def head_config(self) -> dict:

@@ -26,10 +26,11 @@ from torch import Tensor, nn
 from attnkit.config import LMConfig
 from attnkit.errors import AttnkitError
 from attnkit.models.classifier import (
-    PROBLEMS,
     REDUCTIONS,
     SequenceClassifier,
     classification_loss,
+    head_class_weights,
+    head_labels,
     init_head,
     regression_loss,
 )
@@ -164,17 +165,7 @@ class GPTClassifier(nn.Module):
                  labels: Sequence[str] | None = None, class_weights: Sequence[float] | Tensor | None = None,
                  lm_weight: float = 0.5, init_std: float = 0.02, seed: int | None = None):
         super().__init__()
-        if problem not in PROBLEMS:
-            raise AttnkitError(f"problem {problem!r}: expected one of {', '.join(PROBLEMS)}")
-        if problem == "regression" and n_labels != 1:
-            raise AttnkitError(f"regression predicts one score: n_labels must be 1, not {n_labels}")
-        if problem == "classification" and n_labels < 2:
-            raise AttnkitError(f"classification needs at least 2 labels, not {n_labels}")
-        if labels is None:
-            labels = ["score"] if problem == "regression" else [f"LABEL_{i}" for i in range(n_labels)]
-        labels = [str(name) for name in labels]
-        if len(labels) != n_labels or len(set(labels)) != n_labels:
-            raise AttnkitError(f"labels {labels}: expected {n_labels} different names")
+        labels = head_labels(n_labels, problem, labels)
         if lm_weight < 0:
             raise AttnkitError(f"lm_weight {lm_weight}: the auxiliary LM loss's weight must be >= 0")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -187,14 +178,7 @@ class GPTClassifier(nn.Module):
         weight = lm.embed.tokens.weight
         self.classifier = init_head(nn.Linear(lm.cfg.d_model, n_labels, device=weight.device, dtype=weight.dtype),
                                     init_std, generator)
-        if class_weights is not None:
-            if problem == "regression":
-                raise AttnkitError("class_weights are for classification, not regression")
-            class_weights = torch.as_tensor(class_weights, dtype=torch.float32)
-            if class_weights.shape != (n_labels,):
-                raise AttnkitError(f"class_weights: expected {n_labels} weights, "
-                                   f"got shape {tuple(class_weights.shape)}")
-        self.register_buffer("class_weights", class_weights, persistent=False)
+        self.register_buffer("class_weights", head_class_weights(class_weights, n_labels, problem), persistent=False)
 
     @classmethod
     def from_config(cls, cfg: LMConfig, vocab_size: int, n_labels: int = 2, dropout: float = 0.1,
