@@ -16,11 +16,12 @@ import json
 import sys
 from pathlib import Path
 
+from language_model import curve  # bench/: the dev curve, as the language models record theirs
+
 from attnkit.checkpoint import load_checkpoint
 from attnkit.decode import classify_logits
 from attnkit.evaluate import classification_scores, regression_scores
 from attnkit.evaluate.results import write_results
-from attnkit.train import read_metrics
 from attnkit.train.tasks import read_labelled_splits
 
 # data.format -> (the metric held to a target, the target, training minutes allowed, where the target comes from)
@@ -29,18 +30,6 @@ TARGETS = {
     "mrpc": ("f1", 88.9, 30, "MiniLM-L6 / DistilBERT published MRPC dev F1"),
     "stsb": ("spearman", 87.0, 30, "MiniLM-L6 / DistilBERT published STS-B dev Spearman"),
 }
-
-
-def curve(run: Path) -> list[dict]:
-    """Validation records of metrics.jsonl, each with the training minutes of the last training record before it."""
-    out, minutes = [], 0.0
-    for r in read_metrics(run):
-        if "minutes" in r:
-            minutes = r["minutes"]
-        if "valid_loss" in r:
-            out.append({"step": r["step"], "epoch": r.get("epoch"), "train_minutes": round(minutes, 2),
-                        **{k: round(v, 4) for k, v in r.items() if k.startswith("valid_")}})
-    return out
 
 
 def main() -> int:

@@ -38,7 +38,7 @@ def curve(run: Path) -> list[dict]:
         if "minutes" in r:
             minutes = r["minutes"]
         if "valid_loss" in r:
-            out.append({"step": r["step"], "train_minutes": round(minutes, 2),
+            out.append({"step": r["step"], "epoch": r.get("epoch"), "train_minutes": round(minutes, 2),
                         **{k: round(v, 4) for k, v in r.items() if k.startswith("valid_")}})
     return out
 

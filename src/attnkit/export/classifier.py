@@ -250,11 +250,8 @@ class OnnxClassifier:
     ``labels``, ``problem`` and ``tokenizer`` come from the directory's onnx.json and vocab.txt."""
 
     def __init__(self, directory: str | Path, threads: int = 1):
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise AttnkitError("running the ONNX export needs the onnxruntime package (pip install onnxruntime)") \
-                from None
+        from attnkit.export.onnx_export import onnx_session
+
         directory = Path(directory)
         try:
             self.info = json.loads((directory / "onnx.json").read_text(encoding="utf-8"))
@@ -262,11 +259,7 @@ class OnnxClassifier:
             raise AttnkitError(f"{directory}/onnx.json: missing (not an exported classifier)") from None
         self.labels, self.problem = tuple(self.info["labels"]), self.info["problem"]
         self.tokenizer = WordPiece.from_pretrained(directory, max_len=self.info["max_len"])
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(directory / self.info["model"]), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = onnx_session(directory / self.info["model"], threads)
 
     def run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         """The graph's inputs (see the module docstring) -> logits [B, n_labels]."""

@@ -162,26 +162,28 @@ class OnnxState:
         return self.select(torch.arange(self.src.shape[0]).repeat_interleave(k))
 
 
+def onnx_session(path: Path, threads: int = 1):
+    """An onnxruntime session of the graph at ``path`` on the CPU, ``threads`` intra-op threads, one inter-op."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise AttnkitError("running the ONNX export needs the onnxruntime package (pip install onnxruntime)") \
+            from None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 class OnnxTransformer:
     """The exported graphs in onnxruntime, offering ``encode``/``init_state``/``step``: attnkit's greedy and beam
     search (``attnkit.decode.generate``) run on it unchanged."""
 
     def __init__(self, directory: str | Path, threads: int = 1):
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise AttnkitError("running the ONNX export needs the onnxruntime package (pip install onnxruntime)") \
-                from None
         directory = Path(directory)
         self.info = json.loads((directory / "onnx.json").read_text(encoding="utf-8"))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-
-        def session(name):
-            return ort.InferenceSession(str(directory / self.info[name]), options, providers=["CPUExecutionProvider"])
-
-        self.encoder, self.decoder = session("encoder"), session("decoder_step")
+        self.encoder = onnx_session(directory / self.info["encoder"], threads)
+        self.decoder = onnx_session(directory / self.info["decoder_step"], threads)
 
     def encode(self, src: Tensor) -> OnnxState:
         src = src.numpy()
