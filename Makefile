@@ -12,6 +12,8 @@
 # make tinyshakespeare, wikitext2 — the GPT recipes (30 and 60 training minutes), then their results JSON
 # make sst2, mrpc, stsb — the shipped MiniLM fine-tuned on GLUE SST-2 (45 training minutes), MRPC and STS-B (30 each),
 #              selected on dev, then their results JSON
+# make sst2-gpt — GPT-1's recipe on SST-2: attnkit's GPT fine-tuned from random weights and from the WikiText-2 LM
+#              (20 training minutes each), tabled with MiniLM fine-tuned and frozen
 # make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 # make wheel-check — build the wheel, install it with torch==2.13.0 into a fresh python3.11 venv, run attnkit
@@ -32,7 +34,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
 
-.PHONY: serve demo test results multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 sst2 mrpc stsb transfer bench lint clean wheel-check threads-demo browser java screenshots
+.PHONY: serve demo test results multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -150,12 +152,26 @@ TORCHRUN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit
 TRANSFER_PRE := $(TORCHRUN) configs/transfer_pretrain_wikitext2.toml --run-dir runs/transfer/pretrain
 TRANSFER_FINE := $(TORCHRUN) configs/transfer_finetune_tinyshakespeare.toml --run-dir runs/transfer/finetune --set train.init_from=runs/transfer/pretrain
 TRANSFER_SCRATCH := $(TORCHRUN) configs/transfer_finetune_tinyshakespeare.toml --run-dir runs/transfer/scratch
-transfer: $(STAMP)
+TRANSFER_PRETRAINED := runs/transfer/pretrain/checkpoints/last/model.safetensors
+$(TRANSFER_PRETRAINED):
 	$(PY) bench/transfer.py tokenizer --out runs/transfer/spm.model
 	$(RUN) $(TRANSFER_PRE)
+
+transfer: $(STAMP) $(TRANSFER_PRETRAINED)
 	$(RUN) $(TRANSFER_FINE)
 	$(RUN) $(TRANSFER_SCRATCH)
 	$(PY) bench/transfer.py report --commands "$(TRANSFER_PRE) && $(TRANSFER_FINE) && $(TRANSFER_SCRATCH)"
+
+# GPT-1's recipe on SST-2 from random weights and from the transfer recipe's WikiText-2 LM (pretrained first where
+# missing), then one table beside MiniLM fine-tuned and MiniLM's frozen embeddings
+GPT_SST2 = $(VENV)/bin/attnkit train configs/glue_sst2_gpt.toml --run-dir runs/glue_sst2_gpt$(1)
+sst2-gpt: $(STAMP) $(TRANSFER_PRETRAINED)
+	$(RUN) $(call GPT_SST2,_scratch) --set model.from_scratch=true
+	$(RUN) $(PY) bench/glue.py --run-dir runs/glue_sst2_gpt_scratch --out bench/results/glue_sst2_gpt_scratch.json \
+		--train-command "$(call GPT_SST2,_scratch) --set model.from_scratch=true"
+	$(RUN) $(call GPT_SST2,)
+	$(RUN) $(PY) bench/glue.py --run-dir runs/glue_sst2_gpt --train-command "$(call GPT_SST2,)"
+	$(RUN) $(PY) bench/sst2_pretraining.py
 
 # the translation bench decodes the Multi30k recipe's averaged checkpoint: where there is none, make trains it first
 MULTI30K_CHECKPOINT := runs/multi30k_en_de/checkpoints/averaged/model.safetensors

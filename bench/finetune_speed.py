@@ -14,13 +14,16 @@ bookkeeping. The two alternate in one process: a Trainer callback, at the end of
 Hugging Face's clock, runs attnkit's next round of --steps steps and starts the clock again, so drift in the
 machine's speed falls on both. Throughput: training examples per second of training steps.
 
-Inference. The 872 SST-2 dev sentences classified in input order, in batches of --batch-size, each padded to its
-longest, the systems taking turns in --rounds rounds: ``attnkit.decode.classify`` (attnkit's tokenizer included),
-transformers' ``pipeline("text-classification")`` on the Hugging Face export of the same model, and onnxruntime on
-its ONNX export fed by attnkit's tokenizer; attnkit with the fast runtime's fused attention beside them, for
-reference. The model: --checkpoint's (a fine-tuned ``bert_classifier`` run), else attnkit's at the end of the
-training part. BertForSequenceClassification has no mean pooling: a mean-pooled checkpoint's pipeline runs a [CLS]
-pooled twin of it (same encoder and head, one more d x d layer; its labels are not compared). Checked on the way:
+Inference. The 872 SST-2 dev sentences classified, in batches of --batch-size sentences each padded to its
+longest, the systems taking turns in --rounds rounds, each called on a round's sentences as a user calls it on a
+list: ``attnkit.decode.classify`` (attnkit's tokenizer included), which sorts its inputs by length before cutting
+the batches, and transformers' ``pipeline("text-classification")`` on the Hugging Face export of the same model,
+which cuts them in input order; onnxruntime on the ONNX export runs attnkit's batches (attnkit's tokenizer, the
+same sentences per batch), so that it compares kernels on the same inputs. Beside them, for reference: attnkit with
+the fast runtime's fused attention, and attnkit on the pipeline's own batches (input order). The model:
+--checkpoint's (a fine-tuned ``bert_classifier`` run), else attnkit's at the end of the training part.
+BertForSequenceClassification has no mean pooling: a mean-pooled checkpoint's pipeline runs a [CLS] pooled twin of
+it (same encoder and head, one more d x d layer; its labels are not compared). Checked on the way:
 each export's largest logit difference, and the systems' agreement and dev accuracy.
 
     python bench/finetune_speed.py                          # -> bench/results/finetune_speed.json
@@ -115,8 +118,9 @@ class Loop:
     ``loss(batch, targets)`` -> a scalar to backpropagate; with ``summed`` it is a sum over the batch and the
     gradients are scaled to its mean after backward, as attnkit's ``Trainer._update`` does."""
 
-    def __init__(self, model, loss, args, total_steps: int, summed: bool = False):
+    def __init__(self, model, loss, args, total_steps: int, summed: bool = False, autocast: torch.dtype | None = None):
         self.model, self.loss, self.args, self.total, self.summed = model, loss, args, total_steps, summed
+        self.autocast = autocast  # mixed precision for the forward pass and loss, as train.precision does
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = make_adamw(model, args)
         self.step, self.seconds, self.examples = 0, 0.0, 0
@@ -127,7 +131,9 @@ class Loop:
             start = time.perf_counter()
             for g in self.opt.param_groups:
                 g["lr"] = linear_schedule(self.step, self.args.lr, self.args.lr_warmup, self.total)
-            self.loss(batch, targets).backward()
+            with torch.autocast("cpu", dtype=self.autocast, enabled=self.autocast is not None):
+                loss = self.loss(batch, targets)
+            loss.backward()
             if self.summed:
                 for p in self.params:
                     if p.grad is not None:
@@ -220,13 +226,22 @@ def fine_tune(args, tokenizer: WordPiece, tmp: Path) -> tuple[dict, SequenceClas
         return ours(batch.tokens, batch.padding_mask, batch.token_types, targets=targets).loss  # summed, as the task's
 
     attnkit = Loop(ours, ours_loss, args, total, summed=True)
+    loops = {"attnkit": attnkit}
+    if {"avx512_bf16", "amx_bf16"} & cpu_flags():  # train.precision = "bf16" on this CPU, beside fp32's headline
+        ours_bf16 = copy.deepcopy(ours)
+
+        def bf16_loss(batch, targets):
+            return ours_bf16(batch.tokens, batch.padding_mask, batch.token_types, targets=targets).loss
+
+        loops["attnkit_bf16"] = Loop(ours_bf16, bf16_loss, args, total, summed=True, autocast=torch.bfloat16)
     timed = data[args.warmup:]
 
     def attnkit_round(r: int) -> None:
-        if r < 0:
-            attnkit.run(data[:args.warmup], timed=False)
-        else:
-            attnkit.run(timed[r * args.steps:(r + 1) * args.steps])
+        for loop in loops.values():
+            if r < 0:
+                loop.run(data[:args.warmup], timed=False)
+            else:
+                loop.run(timed[r * args.steps:(r + 1) * args.steps])
 
     if args.hf_loop:
         def hf_loss(batch, targets):
@@ -243,14 +258,17 @@ def fine_tune(args, tokenizer: WordPiece, tmp: Path) -> tuple[dict, SequenceClas
         hf_batches = [hf_inputs(b, t) for b, t in data]
         hf_seconds, hf_examples, threads = train_with_trainer(hf, hf_batches, args, attnkit_round, total, tmp)
     hf_name = "huggingface_loop" if args.hf_loop else "huggingface_trainer"
-    systems = {"attnkit": {"examples_per_s": round(attnkit.examples / attnkit.seconds, 2),
-                           "seconds": round(attnkit.seconds, 3), "examples": attnkit.examples},
-               hf_name: {"examples_per_s": round(hf_examples / hf_seconds, 2), "seconds": round(hf_seconds, 3),
-                         "examples": hf_examples}}
+    systems = {name: {"examples_per_s": round(loop.examples / loop.seconds, 2), "seconds": round(loop.seconds, 3),
+                      "examples": loop.examples} for name, loop in loops.items()}
+    systems[hf_name] = {"examples_per_s": round(hf_examples / hf_seconds, 2), "seconds": round(hf_seconds, 3),
+                        "examples": hf_examples}
     ratio = systems["attnkit"]["examples_per_s"] / systems[hf_name]["examples_per_s"]
     for name, s in systems.items():
         print(f"train {name:>20}: {s['examples_per_s']:8.1f} examples/s", flush=True)
     print(f"train attnkit / {hf_name}: {ratio:.2f}x", flush=True)
+    if "attnkit_bf16" in systems:
+        print(f"train attnkit bf16 / {hf_name}: "
+              f"{systems['attnkit_bf16']['examples_per_s'] / systems[hf_name]['examples_per_s']:.2f}x", flush=True)
     record = {"systems": systems, "attnkit_over_huggingface": round(ratio, 3), "huggingface_runner": hf_name,
               "batches": len(timed), "warmup_batches": args.warmup, "mean_batch_width":
                   round(float(np.mean([b.tokens.shape[1] for b, _ in timed])), 2), "torch_threads_at_end": threads}
@@ -287,25 +305,38 @@ def classify_all(args, model: SequenceClassifier, tokenizer: WordPiece, tmp: Pat
     fused = fast.use(copy.deepcopy(model), "dropout16", "fused_attention").eval()
     labels = model.labels
 
-    # each system takes a round's batches (lists of sentences) -> their labels
+    # each system takes a round's sentences, as chunks of b in input order -> their labels in input order
     def attnkit_system(m):
         def run(batches):
-            # one call per batch: classify batches by tokens, and this budget makes each call one batch
-            return [c.label for batch_texts in batches for c in classify(m, tokenizer, batch_texts, batch_tokens=10**9)]
+            # one call for the round, as a user calls it on a list: batches of b sentences of similar length
+            return [c.label for c in classify(m, tokenizer, [t for chunk in batches for t in chunk],
+                                              batch_tokens=10**9, batch_size=b)]
         return run
 
+    def attnkit_in_order(batches):
+        # one call per chunk of b in input order: the pipeline's batches exactly
+        return [c.label for chunk in batches for c in classify(model, tokenizer, chunk, batch_tokens=10**9)]
+
     def pipeline_system(batches):
-        # one call for the round, as one would call it on a list: it cuts the same batches of b itself
+        # one call for the round, as one would call it on a list: it cuts the batches of b in input order itself
         out = pipe([t for batch_texts in batches for t in batch_texts], batch_size=b, truncation=True,
                    max_length=tokenizer.max_len)
         return [r["label"] for r in out]
 
     def onnx_system(batches):
-        return [labels[int(i)] for batch_texts in batches
-                for i in ort_model.run(onnx_feed(tokenizer.sentences(batch_texts))).argmax(-1)]
+        # attnkit's batches (b sentences of similar length), attnkit's tokenizer: onnxruntime's kernels against
+        # attnkit's on the same inputs
+        texts = [t for chunk in batches for t in chunk]
+        lengths = [len(tokenizer.example(t)[0]) - 1 for t in texts]
+        out = [None] * len(texts)
+        for idx in token_batches(lengths, [0] * len(texts), 10**9, max_examples=b):
+            for i, k in zip(idx, ort_model.run(onnx_feed(tokenizer.sentences([texts[i] for i in idx]))).argmax(-1)):
+                out[i] = labels[int(k)]
+        return out
 
     systems = {"attnkit": attnkit_system(model), "transformers_pipeline": pipeline_system,
-               "onnxruntime": onnx_system, "attnkit_fused_attention": attnkit_system(fused)}
+               "onnxruntime": onnx_system, "attnkit_fused_attention": attnkit_system(fused),
+               "attnkit_input_order": attnkit_in_order}
     seconds = dict.fromkeys(systems, 0.0)
     predictions = {name: [] for name in systems}
     with torch.inference_mode():

@@ -331,12 +331,14 @@ def block_sst2_pretraining(results: dict) -> str:
     r = results.get("sst2_pretraining")
     if r is None:
         return absent("sst2_pretraining")
-    rows = ["| system | SST-2 dev accuracy | minutes |", "|---|---|---|"]
+    rows = ["| system | SST-2 dev accuracy | minutes | run on | JSON |", "|---|---|---|---|---|"]
     for row in get(r, "metrics", "rows", default=[]):
+        source = Path(get(row, "detail", "json", default="") or "").stem  # a fine-tuning run's own JSON
+        run = results.get(source, r)
         rows.append(f"| {text(row.get('system'))} | {number(row.get('dev_accuracy'))} | "
-                    f"{number(row.get('minutes'), 1)} |")
-    return "\n".join(rows) + f"\n\n{machine(r)}, torch {torch_version(r)}, {date(r)} " \
-                             f"({link('sst2_pretraining', '../bench/results/')}).\n"
+                    f"{number(row.get('minutes'), 1)} | {machine(run)}, {date(run)} | "
+                    f"{link(source or 'sst2_pretraining', '../bench/results/')} |")
+    return "\n".join(rows) + f"\n\ntorch {torch_version(r)} ({link('sst2_pretraining', '../bench/results/')}).\n"
 
 
 def block_complexity(results: dict) -> str:
@@ -448,6 +450,32 @@ def block_decode_precision(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def block_train_throughput(results: dict) -> str:
+    """attnkit against Hugging Face Marian on the Multi30k batches, at fp32 and (where the CPU has it) bf16."""
+    r = results.get("train_throughput")
+    if r is None:
+        return absent("train_throughput")
+    m = r.get("metrics", {})
+    flags = get(r, "machine", "cpu_flags", default=[])
+    lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
+             f"{number(r.get('threads'), 0)} thread; {number(r.get('steps'), 0)} timed steps each in "
+             f"{number(r.get('rounds'), 0)} alternating rounds; CPU flags: {', '.join(flags) or NOT_RECORDED}; "
+             f"{link('train_throughput', '../bench/results/')}).", "",
+             "| system | target tokens/s | model GFLOP/s | of the fp32 matmul peak | validation loss after the same "
+             "steps |", "|---|---|---|---|---|"]
+    for name, v in r.get("systems", {}).items():
+        peak = v.get("fraction_of_matmul_peak")
+        lines.append(f"| {text(name)} | {number(v.get('tokens_per_s'), 0)} | {number(v.get('model_gflop_per_s'), 1)} "
+                     f"| {number(100 * peak, 1) + '%' if peak is not None else NOT_RECORDED} "
+                     f"| {number(v.get('valid_loss_after_steps'), 4)} |")
+    bf16 = m.get("bf16_speedup_vs_fp32")
+    lines += ["", f"fp32 matmul peak {number(m.get('matmul_peak_gflop_per_s'), 1)} GFLOP/s; the model's own matmul "
+              f"shapes alone reach {number(m.get('model_shape_matmul_gflop_per_s'), 1)} GFLOP/s; attnkit / Hugging "
+              f"Face {number(m.get('speedup_vs_huggingface'))}x"
+              + (f"; attnkit bf16 / fp32 {number(bf16)}x" if bf16 is not None else "") + "."]
+    return "\n".join(lines) + "\n"
+
+
 def block_finetune_speed(results: dict) -> str:
     """attnkit against Hugging Face's Trainer (training), its pipeline and onnxruntime (classifying SST-2 dev)."""
     r = results.get("finetune_speed")
@@ -488,6 +516,7 @@ BLOCKS = {
     "readme": ("README.md", block_readme),
     "decode-precision": ("docs/performance.md", block_decode_precision),
     "finetune-speed": ("docs/performance.md", block_finetune_speed),
+    "train-throughput": ("docs/performance.md", block_train_throughput),
 }
 
 

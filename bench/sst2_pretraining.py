@@ -1,10 +1,13 @@
 """What pretraining buys on a real task: SST-2 dev accuracy of the shipped MiniLM fine-tuned (the ``make sst2`` run)
-against its frozen sentence embeddings under a logistic regression, written to bench/results/sst2_pretraining.json.
+against its frozen sentence embeddings under a logistic regression, and of attnkit's own GPT fine-tuned with
+GPT-1's recipe from random weights and from the transfer recipe's WikiText-2 LM (the ``make sst2-gpt`` runs),
+written to bench/results/sst2_pretraining.json.
 
 The frozen baseline is sentence-transformers' use of the model: the mean of its final states over the real tokens,
 L2-normalised (``BertEncoder.embed``), computed once for the 67,349 training and 872 dev sentences, then
 scikit-learn's ``LogisticRegression`` (L2, C chosen on a held-out tenth of the training set among a few values,
-then refit on all of it). The fine-tuned row is read from bench/results/glue_sst2.json, so it is the recipe's run.
+then refit on all of it). The fine-tuned rows are read from their runs' JSONs (bench/glue.py), so they are the
+recipes' runs; a JSON that is missing leaves its row out.
 
     python bench/sst2_pretraining.py
 """
@@ -37,6 +40,16 @@ def embed(encoder, tokenizer: WordPiece, texts: list[str], batch_tokens: int = 8
     return out
 
 
+def fine_tuned(system: str, file: str) -> list[dict]:
+    """The row of a fine-tuning run from its bench/glue.py JSON (none where it is missing)."""
+    if not Path(file).exists():
+        return []
+    r = json.loads(Path(file).read_text())
+    return [{"system": system, "dev_accuracy": r["metrics"]["dev_accuracy"], "minutes": r.get("train_minutes"),
+             "detail": {"json": file, "epochs": r.get("epochs"), "steps": r.get("step"),
+                        "best_step": r.get("best_step"), "git_commit": r.get("git_commit")}}]
+
+
 def main() -> int:
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score
@@ -44,6 +57,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir")
     ap.add_argument("--fine-tuned", default="bench/results/glue_sst2.json")
+    ap.add_argument("--gpt-scratch", default="bench/results/glue_sst2_gpt_scratch.json")
+    ap.add_argument("--gpt-pretrained", default="bench/results/glue_sst2_gpt.json")
     ap.add_argument("--out", default="bench/results/sst2_pretraining.json")
     args = ap.parse_args()
 
@@ -66,15 +81,13 @@ def main() -> int:
     lr = LogisticRegression(C=best_c, max_iter=2000).fit(x_train, y_train)
     frozen = 100 * accuracy_score(y_dev, lr.predict(x_dev))
     fit_minutes = (time.perf_counter() - t0) / 60
-    tuned = json.loads(Path(args.fine_tuned).read_text()) if Path(args.fine_tuned).exists() else None
-    rows = [{"system": "all-MiniLM-L6-v2 frozen, mean embedding + logistic regression", "dev_accuracy":
-             round(frozen, 2), "minutes": round(embed_minutes + fit_minutes, 2),
-             "detail": {"C": best_c, "held_out_accuracy": {str(k): round(100 * v, 2) for k, v in choices.items()},
-                        "embed_minutes": round(embed_minutes, 2), "fit_minutes": round(fit_minutes, 2)}}]
-    if tuned is not None:
-        rows.append({"system": "all-MiniLM-L6-v2 fine-tuned (make sst2)",
-                     "dev_accuracy": tuned["metrics"]["dev_accuracy"], "minutes": tuned.get("train_minutes"),
-                     "detail": {"json": args.fine_tuned, "epochs": tuned.get("epochs")}})
+    frozen_row = {"system": "all-MiniLM-L6-v2 frozen, mean embedding + logistic regression",
+                  "dev_accuracy": round(frozen, 2), "minutes": round(embed_minutes + fit_minutes, 2),
+                  "detail": {"C": best_c, "held_out_accuracy": {str(k): round(100 * v, 2) for k, v in choices.items()},
+                             "embed_minutes": round(embed_minutes, 2), "fit_minutes": round(fit_minutes, 2)}}
+    rows = [*fine_tuned("attnkit GPT (5M) fine-tuned from random weights (make sst2-gpt)", args.gpt_scratch),
+            *fine_tuned("attnkit GPT (5M) pretrained on WikiText-2, fine-tuned (make sst2-gpt)", args.gpt_pretrained),
+            frozen_row, *fine_tuned("all-MiniLM-L6-v2 fine-tuned (make sst2)", args.fine_tuned)]
     print(json.dumps(rows, indent=1), file=sys.stderr)
     write_results(args.out, "sst2_pretraining", command="python bench/sst2_pretraining.py",
                   metrics={"rows": rows}, threads=torch.get_num_threads(), split="GLUE SST-2 dev (872 sentences)")

@@ -13,6 +13,10 @@ is measured here with large square matmuls; each system's fraction of it is its 
 (three times the forward FLOPs, counted by ``torch.utils.flop_counter`` on attnkit's model: the same
 architecture needs the same FLOPs, however an implementation spends them) over that peak.
 
+Where the CPU has AVX512_BF16 or AMX-BF16, attnkit also trains in bf16 mixed precision (``train.precision =
+"bf16"``: autocast, fp32 master weights), from the same weights on the same batches; after the timed steps each
+attnkit model's loss on the first validation batches, in fp32, says whether bf16 trains as well per step.
+
     python bench/train_throughput.py            # 60 timed steps each -> bench/results/train_throughput.json
     python bench/train_throughput.py --quick    # 4 steps on 2000 pairs -> train_throughput_quick.json
 
@@ -22,6 +26,7 @@ Targets: >= 1.2x Hugging Face's tokens/s, and >= 60% of the matmul peak.
 from __future__ import annotations
 
 import argparse
+import copy
 import shutil
 import sys
 import tempfile
@@ -37,6 +42,7 @@ from attnkit.data import build_tokenizers, collate, encode_pairs, load_split, to
 from attnkit.evaluate.results import matmul_peak, write_results
 from attnkit.export.huggingface import copy_to_marian, marian_config
 from attnkit.fast.memory import keep_freed_memory
+from attnkit.fast.precision import cpu_flags
 from attnkit.models import PAD, build_model
 
 
@@ -52,10 +58,11 @@ def forward_flops(model, batches) -> int:
 
 
 class Trainee:
-    """One system's model, loss and fused Adam, stepped on batches as a plain loop would."""
+    """One system's model, loss and fused Adam, stepped on batches as a plain loop would; ``autocast``: a dtype
+    the forward pass and loss run in mixed precision at (the Trainer's ``train.precision``)."""
 
-    def __init__(self, model, loss_sum, cfg):
-        self.model, self.loss_sum, self.clip = model, loss_sum, cfg.train.clip_norm
+    def __init__(self, model, loss_sum, cfg, autocast: torch.dtype | None = None):
+        self.model, self.loss_sum, self.clip, self.autocast = model, loss_sum, cfg.train.clip_norm, autocast
         self.params = list(model.parameters())
         t = cfg.train
         self.opt = torch.optim.Adam(self.params, lr=t.lr, betas=t.betas, eps=t.eps, fused=True)
@@ -65,7 +72,8 @@ class Trainee:
         self.model.train()
         for b in batches:
             start = time.perf_counter()
-            loss = self.loss_sum(b)
+            with torch.autocast("cpu", dtype=self.autocast, enabled=self.autocast is not None):
+                loss = self.loss_sum(b)
             n = int(b.tgt_out.ne(PAD).sum())
             (loss / n).backward()
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
@@ -74,6 +82,14 @@ class Trainee:
             if timed:
                 self.seconds += time.perf_counter() - start
                 self.tokens += n
+
+
+@torch.no_grad()
+def valid_loss(model, batches) -> float:
+    """Mean NLL per target token over ``batches``, in fp32, in eval mode (no smoothing)."""
+    model.eval()
+    nll = sum(float(model(b.src, b.tgt_in, targets=b.tgt_out).nll) for b in batches)
+    return nll / sum(int(b.tgt_out.ne(PAD).sum()) for b in batches)
 
 
 def model_matmuls(model, batch) -> list[tuple[int, int, int, int]]:
@@ -166,6 +182,13 @@ def main() -> int:
                                reduction="sum")
 
     trainees = {"attnkit": Trainee(ours, attnkit_loss, cfg), "huggingface_marian": Trainee(hf, huggingface_loss, cfg)}
+    if {"avx512_bf16", "amx_bf16"} & cpu_flags():
+        ours_bf16 = copy.deepcopy(ours)  # the same initial weights
+
+        def attnkit_bf16_loss(b):
+            return ours_bf16(b.src, b.tgt_in, targets=b.tgt_out, label_smoothing=eps).loss
+
+        trainees["attnkit_bf16"] = Trainee(ours_bf16, attnkit_bf16_loss, cfg, autocast=torch.bfloat16)
     for trainee in trainees.values():
         trainee.run(batches[: args.warmup], timed=False)
     # the timed batches in rounds, the systems taking turns (and swapping who goes first), so that drift in the
@@ -189,18 +212,35 @@ def main() -> int:
         print(f"{name:>18}: {tokens / seconds:8.0f} target tokens/s, {achieved:6.1f} GFLOP/s "
               f"({100 * achieved / peak:.1f}% of the {peak:.0f} GFLOP/s matmul peak)", flush=True)
 
+    valid = load_split(cfg.data, "valid", args.data_dir)
+    valid_data = encode_pairs(toks, valid, cfg.data.max_len)
+    valid_batches = [collate([valid_data.src[i] for i in idx], [valid_data.tgt[i] for i in idx], idx) for idx in
+                     token_batches([len(x) for x in valid_data.src], [len(t) for t in valid_data.tgt],
+                                   cfg.train.max_tokens)]
+    for name, trainee in trainees.items():
+        if name.startswith("attnkit"):
+            systems[name]["valid_loss_after_steps"] = round(valid_loss(trainee.model, valid_batches), 4)
+
     # what limits the fraction of peak: the model's matrices are small (d_model 128), and BLAS alone reaches
     # only part of the square-matmul peak at these shapes
     ceiling = matmul_ceiling(model_matmuls(ours, batches[args.warmup]))
     print(f"the model's own matmul shapes alone: {ceiling:.1f} GFLOP/s ({100 * ceiling / peak:.1f}% of peak)")
     speedup = systems["attnkit"]["tokens_per_s"] / systems["huggingface_marian"]["tokens_per_s"]
     print(f"attnkit / Hugging Face: {speedup:.2f}x")
+    if "attnkit_bf16" in systems:
+        bf16 = systems["attnkit_bf16"]["tokens_per_s"] / systems["attnkit"]["tokens_per_s"]
+        print(f"attnkit bf16 / fp32: {bf16:.2f}x; validation loss after the same steps: "
+              f"{systems['attnkit_bf16']['valid_loss_after_steps']} (bf16) against "
+              f"{systems['attnkit']['valid_loss_after_steps']} (fp32)")
     metrics = {"tokens_per_s": systems["attnkit"]["tokens_per_s"], "speedup_vs_huggingface": round(speedup, 3),
                "fraction_of_matmul_peak": systems["attnkit"]["fraction_of_matmul_peak"],
                "matmul_peak_gflop_per_s": round(peak, 1),
                "model_shape_matmul_gflop_per_s": round(ceiling, 1),
                "model_shape_matmul_fraction_of_peak": round(ceiling / peak, 4),
                "targets": {"speedup_vs_huggingface": 1.2, "fraction_of_matmul_peak": 0.6}}
+    if "attnkit_bf16" in systems:
+        metrics["bf16_speedup_vs_fp32"] = round(systems["attnkit_bf16"]["tokens_per_s"]
+                                                / systems["attnkit"]["tokens_per_s"], 3)
     out = args.out or f"bench/results/train_throughput{'_quick' if args.quick else ''}.json"
     command = " ".join(["python", *sys.argv])
     write_results(out, "train_throughput", command, metrics, systems=systems,

@@ -57,6 +57,28 @@ def stsb_dev(data_dir):
     return read_glue("stsb", "dev", data_dir)
 
 
+# --- batching
+
+
+def test_batches_sort_by_length_hold_at_most_batch_size_inputs_and_change_no_answer(classifier_run, sst2_dev):
+    model, _, tokenizer, _ = load_checkpoint(classifier_run)
+    texts = list(sst2_dev.texts[:40])
+    seen = []
+    handle = model.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape))
+    try:
+        one_by_one = [classify(model, tokenizer, [t])[0] for t in texts]
+        seen.clear()
+        batched = classify(model, tokenizer, texts, batch_tokens=10**9, batch_size=8)
+    finally:
+        handle.remove()
+    assert [s[0] for s in seen] == [8] * 5
+    widths = [s[1] for s in seen]
+    assert widths == sorted(widths)  # shortest first: each batch pads only to inputs of about its own length
+    assert [c.label for c in batched] == [c.label for c in one_by_one]
+    for a, b in zip(batched, one_by_one):
+        assert all(a.probabilities[k] == pytest.approx(b.probabilities[k], abs=1e-5) for k in a.probabilities)
+
+
 # --- attnkit classify
 
 

@@ -47,7 +47,11 @@ def test_every_family_is_checked():
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory, dates_pairs):
-    folder = tmp_path_factory.mktemp("contract_tokenizers")
+    return make_tokenizers(tmp_path_factory.mktemp("contract_tokenizers"), dates_pairs)
+
+
+def make_tokenizers(folder: Path, dates_pairs) -> dict:
+    """Each data format's tokenizer for the families of :data:`CONFIGS`, built small in ``folder``."""
     cfg = ExperimentConfig()
     cfg.data = dataclasses.replace(cfg.data, format="dates", vocab_size=64)
     return {

@@ -226,3 +226,123 @@ def test_regression_head_config_and_errors():
         model(torch.tensor([[START] + [5] * 70 + [EXTRACT]]))
     with pytest.raises(AttnkitError, match="reduction"):
         model(tokens, padding_mask, reduction="none")
+
+
+# --- GPT-1's recipe end to end: an attnkit language-model run fine-tuned by the trainer, then used as a classifier
+
+
+@pytest.fixture(scope="module")
+def spm_lm_run(tmp_path_factory, data_dir):
+    """A small SentencePiece LM trained for a few steps on SST-2's training sentences: a stand-in for the
+    transfer recipe's WikiText-2 model."""
+    import dataclasses
+
+    from attnkit.config import ExperimentConfig
+    from attnkit.data import read_glue, train_tokenizer
+    from attnkit.train import Trainer
+    from attnkit.train.tasks import LanguageModelTask
+
+    root = tmp_path_factory.mktemp("gpt_lm")
+    sentences = read_glue("sst2", "train", data_dir).texts[:3000]
+    spm = train_tokenizer(sentences, root / "spm.model", 400).path
+    cfg = ExperimentConfig(name="lm")
+    cfg.model = lm_config(dropout=0.0)
+    cfg.data = dataclasses.replace(cfg.data, format="wikitext2", block_size=32, lm_tokenizer="spm", spm_model=str(spm))
+    cfg.train = dataclasses.replace(cfg.train, seed=1, max_tokens=512, max_steps=40, lr=3e-3, schedule="constant",
+                                    warmup_steps=0, label_smoothing=0.0, eval_every=0, save_every=0, progress=False,
+                                    threads=1)
+    lines = [f"{s} <eos>" for s in sentences]
+    run = root / "lm"
+    Trainer(cfg, run, task=LanguageModelTask(cfg, run, texts={"train": lines, "valid": lines[:200]})).train()
+    return run
+
+
+def gpt_overrides(pretrained, train_file, valid_file, *more: str) -> list[str]:
+    import json
+
+    return ["model.family=gpt_classifier", f"model.pretrained={json.dumps(str(pretrained))}", "model.dropout=0.0",
+            "data.format=labelled", f"data.train_file={json.dumps(str(train_file))}",
+            f"data.valid_file={json.dumps(str(valid_file))}", "data.text_column=sentence", "data.truncate=48",
+            "train.optimizer=adamw", "train.lr=1e-3", "train.schedule=linear", "train.warmup_steps=4",
+            "train.batch_size=16", "train.max_tokens=100000", "train.label_smoothing=0.0", "train.max_steps=30",
+            "train.eval_every=15", "train.save_every=0", "train.progress=false", "train.fast=[]", "train.threads=1",
+            *more]
+
+
+def test_gpt1_fine_tunes_an_attnkit_lm_run_and_serves_it_as_a_classifier(tmp_path, spm_lm_run, data_dir, capsys):
+    import attnkit
+    from attnkit.checkpoint import load_checkpoint
+    from attnkit.cli import main
+    from attnkit.config import load_config
+    from attnkit.train import Trainer
+    from conftest import write_glue_slice
+
+    train_file, valid_file = write_glue_slice(data_dir, tmp_path / "data", "sst2", n_train=300, n_dev=60)
+    lm, lm_cfg, _, _ = load_checkpoint(spm_lm_run)
+    vocab = lm.embed.tokens.weight.size(0)
+
+    trainer = Trainer(load_config(None, gpt_overrides(spm_lm_run, train_file, valid_file)), tmp_path / "run")
+    body = trainer.model.lm.state_dict()
+    for name, weight in lm.state_dict().items():  # the body is the pretrained LM; its embedding only grows
+        assert torch.equal(body[name][:vocab] if name in ("embed.tokens.weight", "output.weight") else body[name],
+                           weight), name
+    assert trainer.model.lm.embed.tokens.weight.size(0) == vocab + 3
+    assert trainer.cfg.model.d_model == lm_cfg.model.d_model and trainer.cfg.model.n_layers == lm_cfg.model.n_layers
+    scratch = Trainer(load_config(None, gpt_overrides(spm_lm_run, train_file, valid_file, "model.from_scratch=true")),
+                      tmp_path / "scratch")
+    assert scratch.model.lm.embed.tokens.weight.shape == trainer.model.lm.embed.tokens.weight.shape
+    assert not torch.equal(scratch.model.lm.layers[0].ffn.linear1.weight, body["layers.0.ffn.linear1.weight"])
+    trainer.train()
+
+    run = tmp_path / "run"
+    assert (run / "checkpoints" / "best" / "spm.model").read_bytes() == (spm_lm_run / "spm.model").read_bytes()
+    model = attnkit.load(run)
+    sentences = ["a gorgeous , witty , seductive movie .", "the story is a mess ."]
+    out = model.classify(sentences)
+    assert [sorted(c.probabilities) for c in out] == [["0", "1"]] * 2
+    assert all(abs(sum(c.probabilities.values()) - 1) < 1e-5 for c in out)
+    tokenizer = model.tokenizers
+    ids, _ = tokenizer.example(sentences[0])
+    assert ids[0] == vocab and ids[-1] == vocab + 2 and tokenizer.id_to_piece(ids)[::len(ids) - 1] == ["<s>", "<e>"]
+    with torch.no_grad():  # the loaded checkpoint computes what the trained model computes
+        trained = trainer.model.eval()(torch.tensor([ids])).logits.softmax(-1)[0]
+    assert [out[0].probabilities[k] for k in ("0", "1")] == pytest.approx(trained.tolist(), abs=1e-5)
+
+    from attnkit.decode.explain import explain
+
+    e = explain(model.module, tokenizer, sentences[0])
+    assert e.pieces[0] == "<s>" and e.pieces[-1] == "<e>" and e.occlusion[0] == e.occlusion[-1] == 0.0
+    assert any(abs(d) > 1e-6 for d in e.occlusion[1:-1])  # a hidden piece is hidden from every later one
+    assert len(e.attention) == lm_cfg.model.n_layers and e.attention[0].shape[-1] == len(ids)
+    assert float(e.attention[0][0].triu(1).abs().sum()) == 0.0  # a causal model: no piece attends ahead
+
+    (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    assert main(["classify", "--checkpoint", str(run), "--input", str(tmp_path / "in.txt")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == [c.label for c in out]
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["model.pretrained=\"\""], "model.pretrained: name the language model's checkpoint"),
+    (["model.lm_weight=-1"], "model.lm_weight = -1"),
+    (["data.truncate=500"], "data.truncate = 500 is longer than the 64 positions"),
+])
+def test_a_bad_gpt_fine_tuning_config_is_one_line(overrides, needle, tmp_path, spm_lm_run, data_dir):
+    from attnkit.config import load_config
+    from attnkit.train import Trainer
+    from conftest import write_glue_slice
+
+    train_file, valid_file = write_glue_slice(data_dir, tmp_path / "data", "sst2", n_train=40, n_dev=10)
+    with pytest.raises(AttnkitError) as e:
+        Trainer(load_config(None, gpt_overrides(spm_lm_run, train_file, valid_file, *overrides)), tmp_path / "run")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_gpt_classifier_refuses_a_model_that_is_not_a_language_model(tmp_path, classifier_run, data_dir):
+    from attnkit.config import load_config
+    from attnkit.train import Trainer
+    from conftest import write_glue_slice
+
+    train_file, valid_file = write_glue_slice(data_dir, tmp_path / "data", "sst2", n_train=40, n_dev=10)
+    with pytest.raises(AttnkitError, match="holds a bert_classifier model, not a language model"):
+        Trainer(load_config(None, gpt_overrides(classifier_run, train_file, valid_file)), tmp_path / "run")

@@ -28,6 +28,7 @@ from attnkit.config import (
 from attnkit.data import generate_dates, load_tokenizers, token_batches
 from attnkit.errors import AttnkitError
 from attnkit.fast.loss import projected_smoothed_cross_entropy, smoothed_cross_entropy
+from attnkit.fast.precision import cpu_flags
 from attnkit.nn.loss import label_smoothed_nll, projected_label_smoothed_nll
 from attnkit.train import (
     Trainer,
@@ -231,19 +232,52 @@ def test_fast_use_and_reference_keep_each_modules_train_or_eval_mode():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
-def test_mixed_precision_and_cuda_are_refused_without_a_gpu(tmp_path, dates_pairs):
-    with pytest.raises(AttnkitError, match=r"train.precision = 'bf16' is mixed precision for CUDA.*use fp32"):
-        Trainer(tiny_experiment(precision="bf16"), tmp_path, train_pairs=dates_pairs,
+def test_fp16_and_cuda_are_refused_without_a_gpu(tmp_path, dates_pairs):
+    with pytest.raises(AttnkitError, match=r"train.precision = 'fp16' is for CUDA, and this run is on the cpu: use "
+                                           r"bf16 \(on a CPU with avx512_bf16 or amx_bf16\) or fp32"):
+        Trainer(tiny_experiment(precision="fp16"), tmp_path, train_pairs=dates_pairs,
                 valid_pairs=generate_dates(20, seed=1))
     with pytest.raises(AttnkitError, match=r"train.device = 'cuda', but this machine has no CUDA device"):
         Trainer(tiny_experiment(device="cuda"), tmp_path, train_pairs=dates_pairs,
                 valid_pairs=generate_dates(20, seed=1))
 
 
+def test_bf16_training_is_refused_on_a_cpu_without_its_instructions(tmp_path, dates_pairs, monkeypatch):
+    from attnkit.fast import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    with pytest.raises(AttnkitError) as e:
+        Trainer(tiny_experiment(precision="bf16", device="cpu"), tmp_path, train_pairs=dates_pairs,
+                valid_pairs=generate_dates(20, seed=1))
+    assert str(e.value).startswith("train.precision: bf16 needs a CPU with avx512_bf16 or amx_bf16")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(not {"avx512_bf16", "amx_bf16"} & cpu_flags(),
+                    reason="bf16 training runs only on a CPU with AVX512_BF16 or AMX-BF16")
+def test_bf16_training_on_a_cpu_computes_its_matrix_products_in_bf16_and_tracks_fp32(tmp_path, dates_pairs):
+    """Autocast on the CPU: the layers' matrix products in bf16 while training, fp32 master weights, fp32
+    validation, and the same steps reach about the validation loss fp32 reaches."""
+    results = {}
+    for precision in ("fp32", "bf16"):
+        trainer = Trainer(tiny_experiment(precision=precision, device="cpu", max_steps=6), tmp_path / precision,
+                          train_pairs=dates_pairs, valid_pairs=generate_dates(20, seed=1))
+        seen = []
+        trainer.model.encoder[0].ffn.linear1.register_forward_hook(
+            lambda m, i, out, seen=seen: seen.append((m.training, out.dtype)))
+        results[precision] = trainer.train()["valid_loss"]
+        training = torch.bfloat16 if precision == "bf16" else torch.float32
+        assert {dtype for is_training, dtype in seen if is_training} == {training}
+        assert {dtype for is_training, dtype in seen if not is_training} == {torch.float32}
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert math.isfinite(results["bf16"])
+    assert results["bf16"] == pytest.approx(results["fp32"], rel=0.02)
+
+
 def test_mixed_precision_step_and_loss_scale_survive_a_resume(tmp_path, dates_pairs):
     """The step ``train.precision`` takes on CUDA (autocast, loss scaling, gradients unscaled before clipping,
-    the scaler's step), run on the CPU's autocast: the config refuses mixed precision on a CPU, so the test sets
-    the trainer's two attributes itself. Validation stays fp32; the loss scale is saved and resumed."""
+    the scaler's step), run on the CPU's autocast: the config refuses fp16 on a CPU, so the test sets the
+    trainer's two attributes itself. Validation stays fp32; the loss scale is saved and resumed."""
     def mixed(trainer, scale):
         trainer.amp_dtype = torch.bfloat16
         trainer.scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=1)

@@ -246,7 +246,7 @@ class Model:
         else:
             k = int(logits.argmax())
             label, score = self.module.labels[k], float(logits.log_softmax(-1)[k])
-        return Attention(self.tokenizers.id_to_piece(ids), [], [w[0] for w in out.attention.encoder],
+        return Attention(self.tokenizers.id_to_piece(ids), [], [w[0] for w in out.attention.self_attention],
                          text=label, score=score)
 
     def attention_modules(self) -> dict[str, list]:

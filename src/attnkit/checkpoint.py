@@ -310,9 +310,7 @@ def lm_tokenizer(cfg: ExperimentConfig, directory: Path):
 
 
 def classifier_tokenizer(cfg: ExperimentConfig, directory: Path):
-    from attnkit.data import WordPiece
-
-    return WordPiece.from_pretrained(directory, max_len=cfg.data.truncate)
+    return registry.start(cfg.model.family).tokenizer(cfg, directory)
 
 
 LABELS_FILE = "labels.json"  # a classifier's task: {"problem": "classification" | "regression", "labels": [...]}

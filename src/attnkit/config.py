@@ -180,9 +180,25 @@ class BertClassifierConfig(BertConfig):
     pooling: str = "cls"  # cls: BERT's pooler over [CLS]; mean: the mean of the final states (sentence-transformers)
 
 
+@dataclass
+class GPTClassifierConfig(LMConfig):
+    """A GPT fine-tuned on a task, GPT-1's recipe (Radford et al. 2018, section 3.2): the language model of
+    ``pretrained`` (a ``transformer_lm`` checkpoint or run directory whose tokenizer is SentencePiece), its input
+    framed with start, delimiter and extract tokens, dropout (``dropout``, as the LM's) and a linear head on the
+    extract token's final state; the LM's own loss on the input is added with weight ``lm_weight`` (lambda).
+    The LM's sizes and tokenizer are the pretrained run's: a run reads them from its config.toml and records
+    them. ``from_scratch``: the same LM shape and tokenizer with freshly initialised weights (what pretraining
+    buys, measured)."""
+
+    family: str = "gpt_classifier"
+    pretrained: str = ""
+    from_scratch: bool = False
+    lm_weight: float = 0.5
+
+
 MODEL_CONFIGS = {name: globals()[f.config.partition(":")[2]] for name, f in registry.FAMILIES.items()}
 ModelConfig = (TransformerConfig | ConvTransformerConfig | TransformerCaptionerConfig | LMConfig | RNNEncDecConfig
-               | RNNSearchConfig | ShowAttendTellConfig | BertConfig | BertClassifierConfig)
+               | RNNSearchConfig | ShowAttendTellConfig | BertConfig | BertClassifierConfig | GPTClassifierConfig)
 
 # checkpoints written by attnkit 0.1 kept one [model] table for every family; these keys had another name there
 LEGACY_NAMES = {
@@ -271,7 +287,9 @@ class TrainConfig:
     fast: tuple[str, ...] = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")
     parallel: str = "ddp"  # under torchrun: ddp (replicas) | fsdp (parameters, gradients, Adam moments sharded)
     device: str = "auto"  # auto (CUDA when there is one) | cpu | cuda; under torchrun, GPU LOCAL_RANK
-    precision: str = "fp32"  # fp32 | bf16 | fp16: mixed precision (autocast; fp16 with loss scaling), CUDA only
+    # fp32 | bf16 | fp16: mixed precision (autocast; fp16 with loss scaling) on CUDA; on a CPU bf16 only, where it
+    # has AVX512_BF16 or AMX (elsewhere refused: bf16 matrix products there are tens of times slower than fp32)
+    precision: str = "fp32"
     tensorboard: bool = False
     progress: bool = True
 
@@ -515,6 +533,8 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
         value = getattr(m, key, 0.0)
         if not 0.0 <= value < 1.0:
             raise AttnkitError(f"{where}: model.{key} = {value} must be in [0, 1)")
+    if getattr(m, "lm_weight", 0.0) < 0:
+        raise AttnkitError(f"{where}: model.lm_weight = {m.lm_weight} must be at least 0 (0: the task's loss alone)")
     if not 0.0 <= cfg.train.label_smoothing < 1.0:
         raise AttnkitError(f"{where}: train.label_smoothing = {cfg.train.label_smoothing} must be in [0, 1)")
     for name in cfg.train.fast:

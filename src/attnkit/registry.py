@@ -41,6 +41,7 @@ class Family:
     masks_source: str = ""
     exports: tuple[str, ...] = ()
     alignment: bool = False
+    pretrained: str = ""  # a classifier's start (:mod:`attnkit.pretrained`): its pretrained sizes, tokenizer, weights
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,10 @@ FAMILIES = {f.name: f for f in (
     Family("transformer_lm", "attnkit.config:LMConfig", "attnkit.models:build_language_model", "language_model",
            "none"),
     Family("bert_classifier", "attnkit.config:BertClassifierConfig", "attnkit.models.classifier:build_classifier",
-           "classification", "sentences", exports=("huggingface", "onnx")),
+           "classification", "sentences", exports=("huggingface", "onnx"), pretrained="attnkit.pretrained:BERT"),
+    Family("gpt_classifier", "attnkit.config:GPTClassifierConfig",
+           "attnkit.models.gpt_classifier:build_gpt_classifier", "classification", "sentences",
+           pretrained="attnkit.pretrained:GPT"),
 )}
 
 FORMATS = {f.name: f for f in (
@@ -145,6 +149,14 @@ def reads_pairs(cfg) -> bool:
     second text column (``data.text_pair_column``)."""
     form = data_format(cfg.data.format)
     return form.pairs or (bool(form.needs) and bool(cfg.data.text_pair_column))
+
+
+def start(name: str):
+    """A classifier family's start: what it is fine-tuned from (:mod:`attnkit.pretrained`)."""
+    f = family(name)
+    if not f.pretrained:
+        raise AttnkitError(f"model.family = {name!r} is not fine-tuned from a pretrained model")
+    return resolve(f.pretrained)
 
 
 def formats_of(task: str) -> list[str]:

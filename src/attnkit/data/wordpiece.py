@@ -196,6 +196,11 @@ class WordPiece:
                 out += [p for w in basic_tokenize(part, self.lowercase) for p in self._wordpieces(w)]
         return out
 
+    @property
+    def specials(self) -> frozenset[int]:
+        """The ids an input holds that are not its text: [CLS] and [SEP]."""
+        return frozenset((self.cls_id, self.sep_id))
+
     def ids(self, text: str) -> list[int]:
         """The ids of :meth:`pieces` (no [CLS]/[SEP], not cut)."""
         return [self.stoi.get(p, self.unk_id) for p in self.pieces(text)]

@@ -1,7 +1,8 @@
 """Classifying sentences and sentence pairs with a fine-tuned classifier (or scoring them with a regressor).
 
-The inputs are batched by length (each batch pads only to its longest input) and the answers come back in the
-input order: for a classifier the most probable label and every label's probability, ``softmax(z)``; for a
+The inputs are sorted by length and cut into batches of at most ``batch_tokens`` tokens (and ``batch_size``
+inputs), so each batch pads only to its own longest input, little beyond its shortest; the answers come back in
+the input order: for a classifier the most probable label and every label's probability, ``softmax(z)``; for a
 regressor the one predicted score.
 """
 
@@ -30,7 +31,7 @@ class Classification:
 
 @torch.no_grad()
 def classify_logits(model, tokenizer: WordPiece, texts: Sequence[str], pairs: Sequence[str] | None = None,
-                    batch_tokens: int = 4096) -> torch.Tensor:
+                    batch_tokens: int = 4096, batch_size: int = 0) -> torch.Tensor:
     """Logits [N, n_labels] of every input (``texts[i]``, or the pair ``texts[i]``, ``pairs[i]``), in input order."""
     if pairs is not None and len(pairs) != len(texts):
         raise AttnkitError(f"{len(texts)} first sentences but {len(pairs)} second sentences")
@@ -39,16 +40,18 @@ def classify_logits(model, tokenizer: WordPiece, texts: Sequence[str], pairs: Se
     examples = [tokenizer.example(a, None if pairs is None else pairs[i]) for i, a in enumerate(texts)]
     device = next(model.parameters()).device
     out = torch.empty(len(examples), model.n_labels)
-    for idx in token_batches([len(ids) - 1 for ids, _ in examples], [0] * len(examples), batch_tokens):
+    lengths = [len(ids) - 1 for ids, _ in examples]
+    for idx in token_batches(lengths, [0] * len(examples), batch_tokens, max_examples=batch_size):
         b = collate_sentences([examples[i] for i in idx], tokenizer.pad_id).to(device)
         out[idx] = model(b.tokens, b.padding_mask, b.token_types).logits.float().cpu()
     return out
 
 
 def classify(model, tokenizer: WordPiece, texts: Sequence[str], pairs: Sequence[str] | None = None,
-             batch_tokens: int = 4096) -> list[Classification]:
-    """Each input's :class:`Classification`, in input order (see :func:`classify_logits`)."""
-    logits = classify_logits(model, tokenizer, texts, pairs, batch_tokens)
+             batch_tokens: int = 4096, batch_size: int = 0) -> list[Classification]:
+    """Each input's :class:`Classification`, in input order (see :func:`classify_logits`; ``batch_size`` 0: as many
+    inputs a batch as ``batch_tokens`` allows)."""
+    logits = classify_logits(model, tokenizer, texts, pairs, batch_tokens, batch_size)
     if model.problem == "regression":
         return [Classification(model.labels[0], None, float(z[0])) for z in logits]
     probabilities = logits.softmax(-1)

@@ -61,11 +61,11 @@ def explain(model, tokenizer: WordPiece, text: str, pair: str | None = None) -> 
     ids, types = tokenizer.example(text, pair)
     b = collate_sentences([(ids, types)], tokenizer.pad_id)
     out = model(b.tokens, b.padding_mask, b.token_types, need_weights=True)
-    weights = [w[0].float() for w in out.attention.encoder]
+    weights = [w[0].float() for w in out.attention.self_attention]
     rollout = attention_rollout([w.unsqueeze(0) for w in weights])[0]
     n = len(ids)
     hidden = torch.eye(n, dtype=torch.bool)  # row t hides piece t
-    specials = torch.tensor([i in (tokenizer.cls_id, tokenizer.sep_id) for i in ids])
+    specials = torch.tensor([i in tokenizer.specials for i in ids])
     hidden[:, specials] = False
     occluded = model(b.tokens.expand(n, n), hidden, b.token_types.expand(n, n)).logits.float()
     logits = out.logits[0].float()

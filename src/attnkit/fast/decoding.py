@@ -151,15 +151,17 @@ def _grouped_layer(layer, x: Tensor, padding_mask: Tensor, kv: ReorderedKVCache,
                    need_weights: bool, beams: int):
     """:class:`~attnkit.nn.blocks.DecoderLayer`'s forward for one decoding step, with the sentence's beams grouped
     in cross-attention. -> (x, cross-attention weights or None, the extended cache)."""
-    x, (_, cache) = layer.self_res(x, lambda h: layer.self_attn(h, causal=True, cache=cache))
+    s = layer.self_attn(layer.self_res.sublayer_input(x), causal=True, cache=cache)
+    x = layer.self_res.add(x, s.output)
+    h = layer.cross_res.sublayer_input(x)
     if beams == 1:
-        x, (weights, _) = layer.cross_res(x, lambda h: layer.cross_attn(
-            h, None, key_padding_mask=padding_mask, memory_kv=kv, need_weights=need_weights))
+        out, weights, _ = layer.cross_attn(h, None, key_padding_mask=padding_mask, memory_kv=kv,
+                                           need_weights=need_weights)
     else:
-        x, (weights,) = layer.cross_res(x, lambda h: _grouped_cross_attention(
-            layer.cross_attn, h, padding_mask, kv, need_weights, beams))
-    x, _ = layer.ffn_res(x, lambda h: (layer.ffn(h),))
-    return x, weights, cache
+        out, weights = _grouped_cross_attention(layer.cross_attn, h, padding_mask, kv, need_weights, beams)
+    x = layer.cross_res.add(x, out)
+    x = layer.ffn_res(x, layer.ffn)
+    return x, weights, s.cache
 
 
 def grouped_step(model: EncoderDecoder, tokens: Tensor, state: GroupedDecoderState, need_weights: bool = False):

@@ -61,8 +61,9 @@ class BertEncoder(nn.Module):
         x = self.dropout(self.embed_norm(x))
         all_weights = []
         for layer in self.layers:
-            x, w = layer(x, padding_mask, need_weights)
-            all_weights.append(w)
+            out = layer(x, padding_mask, need_weights)
+            x = out.x
+            all_weights.append(out.self_weights)
         return (x, all_weights) if need_weights else x
 
     def embed(self, tokens: Tensor, padding_mask: Tensor) -> Tensor:

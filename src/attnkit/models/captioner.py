@@ -7,7 +7,7 @@ Both read ``features`` [B, L, D]: the L = h*w annotation vectors a_1..a_L of a C
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -156,13 +156,15 @@ class TransformerCaptioner(EncoderDecoder):
         self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
         self.build_decoder(cfg, vocab_size)
 
-    def encode(self, features: Tensor, need_weights: bool = False):
-        """features [B, L, D] -> Memory over the self-attended grid (and each layer's weights)."""
+    def encode(self, features: Tensor, need_weights: bool = False) -> Memory:
+        """features [B, L, D] -> Memory over the self-attended grid; with ``need_weights`` it carries each
+        layer's self-attention [B, H, L, L]."""
         x = self.feature_proj(features) + self.cell_positions(features.size(1))
         x = self.feature_dropout(x)
         all_weights = []
         for layer in self.encoder:
-            x, w = layer(x, None, need_weights)
-            all_weights.append(w)
+            out = layer(x, None, need_weights)
+            x = out.x
+            all_weights.append(out.self_weights)
         memory = grid_memory(self.encoder_norm(x))
-        return (memory, all_weights) if need_weights else memory
+        return replace(memory, weights=all_weights) if need_weights else memory

@@ -146,6 +146,11 @@ class SequenceClassifier(nn.Module):
         return {"n_labels": self.n_labels, "pooling": self.pooling, "dropout": self.dropout.p,
                 "problem": self.problem, "labels": list(self.labels)}
 
+    @property
+    def body(self) -> BertEncoder:
+        """The Transformer under the head (``.cfg``, ``.layers``): the encoder."""
+        return self.encoder
+
     def encode_targets(self, values: Sequence[str | int | float]) -> Tensor:
         """Targets for ``forward``: classification takes label names or class ids -> class ids [B] (long);
         regression takes numbers -> [B] (float32)."""

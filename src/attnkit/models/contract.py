@@ -37,6 +37,11 @@ class AttentionMaps:
     decoder: list[Tensor] = field(default_factory=list)
     cross: list[Tensor] = field(default_factory=list)
 
+    @property
+    def self_attention(self) -> list[Tensor]:
+        """The input's attention over itself: an encoder's, or a decoder-only model's masked self-attention."""
+        return self.encoder or self.decoder
+
 
 @dataclass
 class ModelOutput:

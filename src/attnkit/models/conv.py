@@ -87,8 +87,8 @@ class ConvTransformer(EncoderDecoder):
         if cfg.share_embeddings:
             self.tie_source_embedding(src_vocab_size, tgt_vocab_size)
 
-    def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list]:
-        """src [B, S] -> Memory [B, S, d_model]; with ``need_weights`` also an empty list (no self-attention)."""
+    def encode(self, src: Tensor, need_weights: bool = False) -> Memory:
+        """src [B, S] -> Memory [B, S, d_model] (its ``weights`` empty whatever ``need_weights``: convolutions
+        have no attention)."""
         padding_mask = src.eq(PAD)
-        memory = Memory(self.encoder_norm(self.encoder(self.src_embed(src), padding_mask)), padding_mask)
-        return (memory, []) if need_weights else memory
+        return Memory(self.encoder_norm(self.encoder(self.src_embed(src), padding_mask)), padding_mask)

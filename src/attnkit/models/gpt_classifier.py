@@ -81,6 +81,49 @@ def collate_framed(rows: Sequence[Sequence[int]], pad_id: int = PAD) -> tuple[Te
     return tokens, padding_mask, lengths - 1
 
 
+class FramingTokenizer:
+    """A language model's SentencePiece tokenizer reading inputs as :class:`GPTClassifier` takes them: each
+    sentence (or pair) cut into the LM's subwords, truncated to ``max_len`` ids in all (the three new tokens
+    counted; a pair: the longer sentence first), then framed (:func:`frame`). It offers what the classifier's
+    batching, serving and explanations ask of a tokenizer, as BERT's :class:`~attnkit.data.WordPiece` does:
+    ``example``, ``ids``, ``id_to_piece``, ``pad_id``, ``specials``, ``vocab_size`` (the LM's, before the new
+    tokens) and ``max_len``."""
+
+    NAMES = ("<s>", "$", "<e>")
+
+    def __init__(self, tokenizer, max_len: int = 128):
+        if max_len < 3:
+            raise AttnkitError(f"max_len {max_len}: a framed input needs room for <s>, $ and <e>")
+        self.tokenizer, self.max_len, self.pad_id = tokenizer, int(max_len), PAD
+        self.path = tokenizer.path
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def specials(self) -> frozenset[int]:
+        return frozenset(special_ids(self.vocab_size))
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode([text])[0]
+
+    def example(self, first: str, second: str | None = None) -> tuple[list[int], list[int]]:
+        """-> (framed ids, token types): all types 0, since GPT-1 marks a pair's second sentence by the delimiter."""
+        from attnkit.data.wordpiece import truncate_pair
+
+        a = self.ids(first)
+        if second is None:
+            ids = frame(self.vocab_size, a[: self.max_len - 2])
+        else:
+            ids = frame(self.vocab_size, *truncate_pair(a, self.ids(second), self.max_len - 3))
+        return ids, [0] * len(ids)
+
+    def id_to_piece(self, ids) -> list[str]:
+        v = self.vocab_size
+        return [self.NAMES[int(i) - v] if int(i) >= v else self.tokenizer.id_to_piece([int(i)])[0] for i in ids]
+
+
 # --- the formulas
 
 
@@ -199,6 +242,11 @@ class GPTClassifier(nn.Module):
     encode_targets = SequenceClassifier.encode_targets
 
     @property
+    def body(self) -> TransformerLM:
+        """The Transformer under the head (``.cfg``, ``.layers``): the language model."""
+        return self.lm
+
+    @property
     def special_ids(self) -> tuple[int, int, int]:
         """(start <s>, delimiter $, extract <e>)."""
         return special_ids(self.vocab_size)
@@ -207,17 +255,22 @@ class GPTClassifier(nn.Module):
         """``<s> a <e>`` or ``<s> a $ b <e>`` (:func:`frame`) with this model's special ids."""
         return frame(self.vocab_size, first, second)
 
-    def states(self, tokens: Tensor, need_weights: bool = False) -> tuple[Tensor, list]:
+    def states(self, tokens: Tensor, padding_mask: Tensor | None = None, need_weights: bool = False
+               ) -> tuple[Tensor, list]:
         """The LM's final states h_l (after its final norm, what its output layer reads): tokens [B, T] ->
-        ([B, T, d], each layer's causal self-attention [B, H, T, T] when ``need_weights``)."""
+        ([B, T, d], each layer's causal self-attention [B, H, T, T] when ``need_weights``).
+
+        ``padding_mask`` [B, T] (True = pad) hides those keys too. Padding after the extract token is hidden by
+        the causal mask already; the mask matters for a position hidden inside the input (occlusion)."""
         if tokens.size(1) > self.lm.cfg.max_positions:
             raise AttnkitError(f"{tokens.size(1)} tokens: the LM reads at most max_positions = "
                                f"{self.lm.cfg.max_positions}")
         x = self.lm.embed(tokens)
         weights = []
         for layer in self.lm.layers:
-            x, w = layer(x, need_weights=need_weights, causal=True)
-            weights.append(w)
+            out = layer(x, padding_mask, need_weights, causal=True)
+            x = out.x
+            weights.append(out.self_weights)
         return self.lm.norm(x), (weights if need_weights else [])
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None,
@@ -226,7 +279,8 @@ class GPTClassifier(nn.Module):
         """tokens [B, T] (framed, padded on the right), padding_mask [B, T] (True = pad; None = no padding) ->
         ModelOutput(logits [B, n_labels], attention, and with targets the loss and nll).
 
-        ``extract`` [B]: each row's extract position (:func:`collate_framed`); by default its last real token.
+        ``extract`` [B]: each row's extract position (:func:`collate_framed`); by default its last position that is
+        not padding.
         ``token_types`` is accepted for :class:`SequenceClassifier`'s signature and ignored: GPT-1 separates the
         sentences of a pair by the delimiter. ``targets``: class ids [B] (long), or scores [B] (float) for
         regression (:meth:`encode_targets`).
@@ -242,13 +296,13 @@ class GPTClassifier(nn.Module):
         if reduction not in REDUCTIONS:
             raise AttnkitError(f"reduction {reduction!r}: expected one of {', '.join(REDUCTIONS)}")
         if extract is None:
-            full = torch.full((tokens.size(0),), tokens.size(1), device=tokens.device)
-            extract = (full if padding_mask is None else (~padding_mask).sum(1)) - 1
+            last = torch.full((tokens.size(0),), tokens.size(1) - 1, device=tokens.device)
+            extract = last if padding_mask is None else last - (~padding_mask).flip(1).int().argmax(1)
         extract = extract.to(tokens.device)
         if not bool((tokens.gather(1, extract[:, None]) == self.special_ids[2]).all()):
             raise AttnkitError(f"a row's last real token is not the extract token <e> (id {self.special_ids[2]}): "
                                "frame each input with frame() and pad on the right")
-        states, weights = self.states(tokens, need_weights)
+        states, weights = self.states(tokens, padding_mask, need_weights)
         logits = self.classifier(self.dropout(extract_states(states, extract)))
         attention = AttentionMaps(decoder=weights) if need_weights else None
         if targets is None:
@@ -267,3 +321,12 @@ class GPTClassifier(nn.Module):
         lm = lm_sequence_loss(self.lm.output_logits(states[:, :-1]), next_tokens)
         lm = lm.sum() if reduction == "sum" else lm.mean()
         return ModelOutput(loss=task + self.lm_weight * lm, nll=nll, logits=logits, attention=attention)
+
+
+def build_gpt_classifier(cfg, vocab_size: int, labels: Sequence[str], problem: str = "classification",
+                         class_weights: Sequence[float] | Tensor | None = None) -> GPTClassifier:
+    """A freshly initialised GPT classifier (or regressor) of a :class:`~attnkit.config.GPTClassifierConfig` (the
+    LM's sizes, dropout, lambda) over an LM vocabulary of ``vocab_size`` (the three new tokens added to it)."""
+    n_labels = 1 if problem == "regression" else len(labels)
+    return GPTClassifier.from_config(cfg, vocab_size, n_labels, cfg.dropout, problem, list(labels), class_weights,
+                                     cfg.lm_weight)

@@ -108,8 +108,9 @@ class TransformerLM(GenerativeModel):
         x = self.embed(tgt_in)
         all_weights = []
         for layer in self.layers:
-            x, w = layer(x, need_weights=need_weights, causal=True)
-            all_weights.append(w)
+            out = layer(x, need_weights=need_weights, causal=True)
+            x = out.x
+            all_weights.append(out.self_weights)
         hidden = self.norm(x)
         attention = AttentionMaps(decoder=all_weights) if need_weights else None
         if targets is None:
@@ -148,9 +149,10 @@ class TransformerLM(GenerativeModel):
         x = self.embed(tokens[:, None], offset=state.offset)
         caches, weights = [], []
         for layer, cache in zip(self.layers, state.caches):
-            x, w, cache = layer(x, need_weights=need_weights, causal=True, cache=cache)
-            caches.append(cache)
-            weights.append(w)
+            out = layer(x, need_weights=need_weights, causal=True, cache=cache)
+            x = out.x
+            caches.append(out.cache)
+            weights.append(out.self_weights)
         attn = mean_step_attention(weights)
         logits = self.output_logits(self.norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), LMState(caches, state.offset + 1), attn

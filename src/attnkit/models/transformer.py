@@ -9,7 +9,7 @@ self-attention over an image grid.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +24,17 @@ from attnkit.tokens import PAD
 
 @dataclass
 class Memory:
-    """What an encoder hands the decoder: states [B, S, d_model] and the source padding mask [B, S] (True = pad)."""
+    """What an encoder hands the decoder: states [B, S, d_model] and the source padding mask [B, S] (True = pad);
+    ``weights``: each encoder layer's self-attention [B, H, S, S] when the encoder was asked for them (else
+    empty)."""
 
     states: Tensor
     padding_mask: Tensor
+    weights: list[Tensor] = field(default_factory=list)
 
     def select(self, indices: Tensor) -> Memory:
-        return Memory(self.states.index_select(0, indices), self.padding_mask.index_select(0, indices))
+        return Memory(self.states.index_select(0, indices), self.padding_mask.index_select(0, indices),
+                      [w.index_select(0, indices) for w in self.weights])
 
 
 @dataclass
@@ -111,9 +115,10 @@ class EncoderDecoder(GenerativeModel):
         x = self.tgt_embed(tgt_in)
         self_weights, cross_weights = [], []
         for layer in self.decoder:
-            x, w_self, w_cross, _ = layer(x, memory.states, memory.padding_mask, need_weights=need_weights)
-            self_weights.append(w_self)
-            cross_weights.append(w_cross)
+            out = layer(x, memory.states, memory.padding_mask, need_weights=need_weights)
+            x = out.x
+            self_weights.append(out.self_weights)
+            cross_weights.append(out.cross_weights)
         return self.decoder_norm(x), self_weights, cross_weights
 
     def forward(self, source: Tensor, tgt_in: Tensor, targets: Tensor | None = None, label_smoothing: float = 0.0,
@@ -123,12 +128,9 @@ class EncoderDecoder(GenerativeModel):
         With ``targets`` [B, T] the loss and NLL are summed over the non-pad targets and the logits are not kept
         (the loss may make them only where the target is real); without, the logits [B, T, V].
         """
-        if need_weights:
-            memory, encoder_weights = self.encode(source, need_weights=True)
-        else:
-            memory, encoder_weights = self.encode(source), []
+        memory = self.encode(source, need_weights)
         hidden, self_weights, cross_weights = self.decode_all(tgt_in, memory, need_weights)
-        attention = AttentionMaps(encoder_weights, self_weights, cross_weights) if need_weights else None
+        attention = AttentionMaps(memory.weights, self_weights, cross_weights) if need_weights else None
         if targets is None:
             return ModelOutput(logits=self.output(hidden), attention=attention)
         loss, nll = self.projected_loss(hidden, self.output.weight, targets, label_smoothing, PAD)
@@ -151,10 +153,10 @@ class EncoderDecoder(GenerativeModel):
         x = self.tgt_embed(tokens[:, None], offset=state.offset)
         caches, weights = [], []
         for layer, kv, cache in zip(self.decoder, state.memory_kv, state.caches):
-            x, _, w, cache = layer(x, None, state.memory.padding_mask, cache=cache, memory_kv=kv,
-                                   need_weights=need_weights)
-            caches.append(cache)
-            weights.append(w)
+            out = layer(x, None, state.memory.padding_mask, cache=cache, memory_kv=kv, need_weights=need_weights)
+            x = out.x
+            caches.append(out.cache)
+            weights.append(out.cross_weights)
         attn = mean_step_attention(weights)
         logits = self.output(self.decoder_norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), DecoderState(state.memory, state.memory_kv, caches,
@@ -179,14 +181,14 @@ class Transformer(EncoderDecoder):
         if cfg.share_embeddings:
             self.tie_source_embedding(src_vocab_size, tgt_vocab_size)
 
-    def encode(self, src: Tensor, need_weights: bool = False) -> Memory | tuple[Memory, list[Tensor]]:
-        """src [B, S] token ids (PAD-padded) -> Memory; with ``need_weights`` also each layer's self-attention
-        weights [B, H, S, S]."""
+    def encode(self, src: Tensor, need_weights: bool = False) -> Memory:
+        """src [B, S] token ids (PAD-padded) -> Memory; with ``need_weights`` it carries each layer's
+        self-attention weights [B, H, S, S]."""
         padding_mask = src.eq(PAD)
         x = self.src_embed(src)
         all_weights = []
         for layer in self.encoder:
-            x, w = layer(x, padding_mask, need_weights)
-            all_weights.append(w)
-        memory = Memory(self.encoder_norm(x), padding_mask)
-        return (memory, all_weights) if need_weights else memory
+            out = layer(x, padding_mask, need_weights)
+            x = out.x
+            all_weights.append(out.self_weights)
+        return Memory(self.encoder_norm(x), padding_mask, all_weights if need_weights else [])

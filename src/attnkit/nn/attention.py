@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -184,6 +185,15 @@ class KVCache:
         return KVCache(self.keys.index_select(0, indices), self.values.index_select(0, indices))
 
 
+class AttentionOutput(NamedTuple):
+    """What :class:`MultiHeadAttention` returns: ``output`` [B, T, d_model], ``weights`` [B, H, T, S] (None unless
+    asked for) and ``cache``, the self-attention keys and values extended by this step's (None without one)."""
+
+    output: Tensor
+    weights: Tensor | None
+    cache: KVCache | None
+
+
 class MultiHeadAttention(nn.Module):
     """``MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`` with ``head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)``.
 
@@ -237,13 +247,13 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         memory_kv: KVCache | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None, KVCache | None]:
+    ) -> AttentionOutput:
         """queries [B, T, d_model]; memory [B, S, d_model] for cross-attention (None: self-attention).
 
         key_padding_mask [B, S] (True = pad); ``causal`` hides future keys; ``cache`` holds the keys and
         values of earlier decoding steps (self-attention) and is returned extended; ``memory_kv`` is
         :meth:`project_memory` of the memory (cross-attention while decoding).
-        Returns (outputs [B, T, d_model], weights [B, H, T, S] or None, the extended cache or None).
+        Returns AttentionOutput(output [B, T, d_model], weights [B, H, T, S] or None, the extended cache or None).
         """
         if memory is None and memory_kv is None:  # self-attention: one projection for Q, K and V
             q, k, v = (self.split_heads(x) for x in self.in_proj(queries).chunk(3, dim=-1))
@@ -257,4 +267,4 @@ class MultiHeadAttention(nn.Module):
         out, weights = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=causal,
                                    dropout=self.dropout if self.training else 0.0, need_weights=need_weights)
         out = out.transpose(1, 2).reshape(queries.size(0), q.size(2), self.d_model)  # Concat(head_1..head_h)
-        return self.out_proj(out), weights, cache
+        return AttentionOutput(self.out_proj(out), weights, cache)

@@ -11,6 +11,8 @@ or, with ``norm_first``, as pre-LN, which trains deeper stacks without warmup tr
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -31,8 +33,21 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
+class LayerOutput(NamedTuple):
+    """What every layer returns. ``x``: its output [B, T, d_model]; ``self_weights``: its self-attention
+    [B, H, T, T] and ``cross_weights``: a decoder layer's attention over the memory [B, H, T, S] (None unless
+    ``need_weights``; an encoder layer has no cross-attention); ``cache``: the self-attention keys and values
+    extended by this step's (decoding with a cache; else None)."""
+
+    x: Tensor
+    self_weights: Tensor | None = None
+    cross_weights: Tensor | None = None
+    cache: KVCache | None = None
+
+
 class Residual(nn.Module):
-    """The residual connection with layer norm around one sublayer, post-LN or pre-LN."""
+    """The residual connection with layer norm around one sublayer, post-LN or pre-LN:
+    ``x + Dropout(Sublayer(LayerNorm(x)))`` is :meth:`add` (x, Sublayer(:meth:`sublayer_input` (x)))."""
 
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
         super().__init__()
@@ -40,13 +55,18 @@ class Residual(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: Tensor, sublayer) -> tuple[Tensor, tuple]:
-        """``sublayer(h)`` returns (output, *extras); the extras (weights, cache) pass through."""
-        if self.norm_first:  # pre-LN: x + Dropout(Sublayer(LayerNorm(x)))
-            out, *extras = sublayer(self.norm(x))
-            return x + self.dropout(out), tuple(extras)
-        out, *extras = sublayer(x)  # post-LN: LayerNorm(x + Dropout(Sublayer(x)))
-        return self.norm(x + self.dropout(out)), tuple(extras)
+    def sublayer_input(self, x: Tensor) -> Tensor:
+        """What the sublayer reads: LayerNorm(x) (pre-LN), or x itself (post-LN)."""
+        return self.norm(x) if self.norm_first else x
+
+    def add(self, x: Tensor, out: Tensor) -> Tensor:
+        """The sublayer's output ``out`` added back: x + Dropout(out) (pre-LN), or LayerNorm(x + Dropout(out))
+        (post-LN)."""
+        return x + self.dropout(out) if self.norm_first else self.norm(x + self.dropout(out))
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        """x [B, T, d_model] -> the residual around ``sublayer`` (a function of a tensor to a tensor)."""
+        return self.add(x, sublayer(self.sublayer_input(x)))
 
 
 class EncoderLayer(nn.Module):
@@ -64,16 +84,18 @@ class EncoderLayer(nn.Module):
         self.ffn_res = Residual(d_model, dropout, norm_first, layer_norm_eps)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None, need_weights: bool = False, *,
-                causal: bool = False, cache: KVCache | None = None):
-        """x [B, S, d_model], padding_mask [B, S] (True = pad) -> (x, self-attention weights [B, H, S, S] or None).
+                causal: bool = False, cache: KVCache | None = None) -> LayerOutput:
+        """x [B, S, d_model], padding_mask [B, S] (True = pad) -> LayerOutput(x, self_weights [B, H, S, S] or None,
+        cache).
 
         ``causal`` hides later positions. ``cache`` (decoding, with ``causal``) holds the keys/values of earlier
-        steps; it is then returned extended as a third element: (x, weights, cache).
+        steps; the output carries it extended.
         """
-        x, (weights, new_cache) = self.attn_res(x, lambda h: self.self_attn(
-            h, key_padding_mask=padding_mask, causal=causal, cache=cache, need_weights=need_weights))
-        x, _ = self.ffn_res(x, lambda h: (self.ffn(h),))
-        return (x, weights) if cache is None else (x, weights, new_cache)
+        a = self.self_attn(self.attn_res.sublayer_input(x), key_padding_mask=padding_mask, causal=causal,
+                           cache=cache, need_weights=need_weights)
+        x = self.attn_res.add(x, a.output)
+        x = self.ffn_res(x, self.ffn)
+        return LayerOutput(x, self_weights=a.weights, cache=a.cache)
 
 
 class DecoderLayer(nn.Module):
@@ -98,17 +120,18 @@ class DecoderLayer(nn.Module):
         cache: KVCache | None = None,
         memory_kv: KVCache | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None, KVCache | None]:
-        """x [B, T, d_model], memory [B, S, d_model] (or its projection ``memory_kv``, decoding) -> (x,
-        self-attention weights [B, H, T, T], cross-attention weights [B, H, T, S] (both None unless
-        ``need_weights``), the extended self-attention cache).
+    ) -> LayerOutput:
+        """x [B, T, d_model], memory [B, S, d_model] (or its projection ``memory_kv``, decoding) -> LayerOutput(x,
+        self_weights [B, H, T, T], cross_weights [B, H, T, S] (both None unless ``need_weights``), the extended
+        self-attention cache).
 
         Target padding needs no mask here: pads sit after the last real token, so the causal
         mask already hides them from every real position.
         """
-        x, (self_weights, cache) = self.self_res(x, lambda h: self.self_attn(h, causal=True, cache=cache,
-                                                                              need_weights=need_weights))
-        x, (cross_weights, _) = self.cross_res(x, lambda h: self.cross_attn(
-            h, memory, key_padding_mask=memory_padding_mask, memory_kv=memory_kv, need_weights=need_weights))
-        x, _ = self.ffn_res(x, lambda h: (self.ffn(h),))
-        return x, self_weights, cross_weights, cache
+        s = self.self_attn(self.self_res.sublayer_input(x), causal=True, cache=cache, need_weights=need_weights)
+        x = self.self_res.add(x, s.output)
+        c = self.cross_attn(self.cross_res.sublayer_input(x), memory, key_padding_mask=memory_padding_mask,
+                            memory_kv=memory_kv, need_weights=need_weights)
+        x = self.cross_res.add(x, c.output)
+        x = self.ffn_res(x, self.ffn)
+        return LayerOutput(x, s.weights, c.weights, s.cache)

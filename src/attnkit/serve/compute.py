@@ -104,7 +104,7 @@ def classify_token_limit(m, settings) -> int:
     """Word pieces an input may have, [CLS] and [SEP] not counted (a pair: both sentences together): the model's
     length (its tokenizer's ``max_len`` and its learned positions, less the [CLS] and [SEP] of an input) and the
     server's ``max_source_tokens``, whichever is less. The model would cut a longer input; the server refuses it."""
-    window = min(m.model.tokenizers.max_len, m.model.module.encoder.cfg.max_positions)
+    window = min(m.model.tokenizers.max_len, m.model.module.body.cfg.max_positions)
     return min(settings.max_source_tokens, window - (3 if reads_pairs(m.model) else 2))
 
 
@@ -214,11 +214,11 @@ def _describe_classifier(m) -> dict:
     """A classifier's description: its labels and problem, whether it reads pairs, a first input (a sentence, and
     a second sentence where it reads pairs); no decoding settings (it does not decode)."""
     model, module = m.model, m.model.module
-    cfg = module.encoder.cfg
+    cfg = module.body.cfg
     pairs = reads_pairs(model)
     return {"name": m.name, "family": model.family, "capabilities": sorted(model.capabilities),
             "path": str(model.path), "decode": None,
-            "attention": {"encoder": {"layers": len(module.encoder.layers), "heads": cfg.n_heads}},
+            "attention": {"encoder": {"layers": len(module.body.layers), "heads": cfg.n_heads}},
             "grid": None, "positional": "learned", "max_positions": cfg.max_positions,
             "example": CLASSIFY_EXAMPLES[pairs][0], "example_pair": CLASSIFY_EXAMPLES[pairs][1],
             "labels": list(module.labels), "problem": module.problem, "pairs": pairs}

@@ -26,7 +26,17 @@ def training_device(name: str) -> torch.device:
         raise AttnkitError("train.device = 'cuda', but this machine has no CUDA device (use auto or cpu)")
     index = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(index)
+    deterministic_cuda()
     return torch.device("cuda", index)
+
+
+def deterministic_cuda() -> None:
+    """Make CUDA's kernels deterministic, so that a resumed run repeats an uninterrupted one bit for bit as it does
+    on a CPU: the embedding's backward (and any scatter-add) otherwise accumulates with atomics in whatever order
+    the threads arrive, cuBLAS needs a fixed workspace (set before its first use), and the fused attention kernels
+    take their deterministic backward only when determinism is demanded, not merely warned about."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def setup(device: torch.device | None = None) -> tuple[int, int]:

@@ -11,8 +11,6 @@ labels).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import shutil
 from dataclasses import dataclass
@@ -346,13 +344,13 @@ def is_regression(cfg: ExperimentConfig) -> bool:
 
 
 class ClassificationTask:
-    """Labelled sentences or sentence pairs: a pretrained BERT fine-tuned with a classifier (or regressor) head.
+    """Labelled sentences or sentence pairs: a pretrained model fine-tuned with a classifier (or regressor) head.
 
-    The label set is the training file's (a dev label outside it is an error, naming the file and line), kept in
-    the run's ``labels.json``; the word pieces are the pretrained model's (``vocab.txt``, and its casing in
-    ``tokenizer_config.json``). Each input is cut to ``data.truncate`` pieces; a batch pads only to its longest
-    input. The loss sums over examples; validation scores with scikit-learn (accuracy, F1, Matthews) or SciPy
-    (Pearson, Spearman).
+    What it starts from is its family's (:mod:`attnkit.pretrained`): BERT's encoder and word pieces, or a GPT
+    language model and its subwords; the run keeps that tokenizer's files. The label set is the training file's
+    (a dev label outside it is an error, naming the file and line), kept in the run's ``labels.json``. Each input
+    is cut to ``data.truncate`` tokens; a batch pads only to its longest input. The loss sums over examples;
+    validation scores with scikit-learn (accuracy, F1, Matthews) or SciPy (Pearson, Spearman).
     """
 
     unit = "examples"
@@ -360,8 +358,7 @@ class ClassificationTask:
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None, world: int = 1,
                  rank: int = 0, splits: tuple[Labelled, Labelled] | None = None):
         """``splits`` (tests): (train, dev) instead of ``data.format``'s files."""
-        from attnkit.data import WordPiece, check_labels, label_set
-        from attnkit.models.bert import bert_config, minilm_dir
+        from attnkit.data import check_labels, label_set
 
         train, valid = splits or read_labelled_splits(cfg, data_dir)
         self.problem = "regression" if is_regression(cfg) else "classification"
@@ -374,32 +371,14 @@ class ClassificationTask:
             self.labels, self.metric, self.metrics = ["score"], "spearman", ("pearson", "spearman", "loss")
         if valid.labels is None:
             raise AttnkitError(f"{valid.origin}: the validation file has no labels")
-        self.pretrained = Path(cfg.model.pretrained) if cfg.model.pretrained else minilm_dir()
-        config_file = self.pretrained / "config.json"
-        try:
-            hf = json.loads(config_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise AttnkitError(f"model.pretrained: {config_file}: missing (not a Hugging Face BERT directory)") \
-                from None
-        except json.JSONDecodeError as e:
-            raise AttnkitError(f"model.pretrained: {config_file}:{e.lineno}: invalid JSON ({e.msg})") from None
-        shape = bert_config(hf, str(config_file))
-        cfg.model = dataclasses.replace(cfg.model, **{k: getattr(shape, k) for k in (
-            "d_model", "n_heads", "d_ff", "n_layers", "activation", "layer_norm_eps", "max_positions")})
-        if cfg.data.truncate > cfg.model.max_positions:
-            raise AttnkitError(f"data.truncate = {cfg.data.truncate} is longer than the {cfg.model.max_positions} "
-                               f"positions of {self.pretrained}")
+        self.start = registry.start(cfg.model.family)
         self.cfg, run_dir = cfg, Path(run_dir)
+        self.tokenizer_files = self.start.prepare(cfg, run_dir, write=rank == 0)
         if rank == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.pretrained / "vocab.txt", run_dir / "vocab.txt")
-            casing = WordPiece.from_pretrained(self.pretrained).lowercase
-            (run_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": casing}) + "\n",
-                                                           encoding="utf-8")
             write_labels(run_dir, self.problem, self.labels)
         distributed.barrier(world)
         self.run_dir = run_dir
-        self.tokenizer = WordPiece.from_pretrained(run_dir, max_len=cfg.data.truncate)
+        self.tokenizer = self.start.tokenizer(cfg, run_dir)
         self.examples, self.targets, self.splits = {}, {}, {"train": train, "valid": valid}
         index = {name: i for i, name in enumerate(self.labels)}
         for split, data in self.splits.items():
@@ -412,7 +391,7 @@ class ClassificationTask:
 
     @property
     def files(self) -> list[Path]:
-        return [self.run_dir / name for name in ("labels.json", "tokenizer_config.json", "vocab.txt")]
+        return [self.run_dir / name for name in ("labels.json", *self.tokenizer_files)]
 
     def class_weights(self) -> list[float] | None:
         """``train.class_weights = "balanced"``: n / (classes * count of the class), scikit-learn's."""
@@ -427,16 +406,8 @@ class ClassificationTask:
         return compute_class_weight("balanced", classes=classes, y=self.targets["train"].numpy()).tolist()
 
     def build_model(self):
-        """The pretrained encoder (and BERT's pooler where ``model.pooling = "cls"``) with a new head, initialised
-        from ``train.seed`` (:func:`attnkit.models.load_pretrained_classifier`), with this run's dropout."""
-        from attnkit.models import build_classifier, load_pretrained_classifier
-
-        m = self.cfg.model
-        pretrained = load_pretrained_classifier(self.pretrained, len(self.labels), m.pooling, m.dropout, self.problem,
-                                                self.labels, seed=self.cfg.train.seed)
-        model = build_classifier(m, self.tokenizer.vocab_size, self.labels, self.problem, self.class_weights())
-        model.load_state_dict(pretrained.state_dict())
-        return model
+        """The pretrained body with a new head, initialised from ``train.seed``, with this run's dropout."""
+        return self.start.model(self.cfg, self.tokenizer, self.labels, self.problem, self.class_weights())
 
     def lengths(self, split: str) -> tuple[list[int], list[int]]:
         # token_batches counts one more per example: the [CLS] the ids already hold stands for it

@@ -89,13 +89,21 @@ class Progress:
 
 
 def mixed_precision(precision: str, device: torch.device):
-    """``train.precision`` -> (autocast dtype or None, GradScaler or None). Mixed precision is for CUDA: on this
-    project's CPU, bfloat16 matrix products ran about 100x slower than fp32."""
+    """``train.precision`` -> (autocast dtype or None, GradScaler or None). On CUDA bf16, or fp16 with loss
+    scaling. On a CPU bf16 only, and only where the CPU has AVX512_BF16 or AMX-BF16: elsewhere bfloat16 matrix
+    products run tens of times slower than fp32, so it is refused in one line naming what is missing."""
+    from attnkit.fast.precision import NEEDS, check_precision
+
     if precision == "fp32":
         return None, None
     if device.type != "cuda":
-        raise AttnkitError(f"train.precision = {precision!r} is mixed precision for CUDA, and this run is on the "
-                           f"{device.type}: use fp32 (bfloat16 matmuls are ~100x slower than fp32 on a CPU)")
+        if precision == "fp16":
+            raise AttnkitError(f"train.precision = 'fp16' is for CUDA, and this run is on the {device.type}: use bf16 "
+                               f"(on a CPU with {' or '.join(NEEDS['bf16'])}) or fp32")
+        try:
+            check_precision("bf16", "cpu")
+        except AttnkitError as e:
+            raise AttnkitError(f"train.{e} on this {device.type}: use fp32") from None
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return dtype, (torch.amp.GradScaler(device.type) if precision == "fp16" else None)
 
