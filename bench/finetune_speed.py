@@ -19,8 +19,10 @@ longest, the systems taking turns in --rounds rounds, each called on a round's s
 list: ``attnkit.decode.classify`` (attnkit's tokenizer included), which sorts its inputs by length before cutting
 the batches, and transformers' ``pipeline("text-classification")`` on the Hugging Face export of the same model,
 which cuts them in input order; onnxruntime on the ONNX export runs attnkit's batches (attnkit's tokenizer, the
-same sentences per batch), so that it compares kernels on the same inputs. Beside them, for reference: attnkit with
-the fast runtime's fused attention, and attnkit on the pipeline's own batches (input order). The model:
+same sentences per batch), so that it compares kernels on the same inputs. attnkit classifies as
+``attnkit.load(run).classify`` does, with the fast runtime's copy of the model (``attnkit.fast.classifier``: the
+fused attention kernel); beside it, for reference: the core's kernels, attnkit on the pipeline's own batches (input
+order), and where the CPU has the instructions, the same copy at bf16 and int8 (``--precision``). The model:
 --checkpoint's (a fine-tuned ``bert_classifier`` run), else attnkit's at the end of the training part.
 BertForSequenceClassification has no mean pooling: a mean-pooled checkpoint's pipeline runs a [CLS] pooled twin of
 it (same encoder and head, one more d x d layer; its labels are not compared). Checked on the way:
@@ -66,7 +68,7 @@ from attnkit.export.classifier import (
     write_onnx,
 )
 from attnkit.fast.memory import keep_freed_memory
-from attnkit.fast.precision import cpu_flags
+from attnkit.fast.precision import NEEDS, cpu_flags
 from attnkit.models import SequenceClassifier, load_pretrained_classifier
 from attnkit.models.bert import minilm_dir
 
@@ -292,7 +294,7 @@ def classify_all(args, model: SequenceClassifier, tokenizer: WordPiece, tmp: Pat
     texts, gold = list(dev.texts), list(dev.labels)
     b = args.batch_size
     chunks = [texts[i:i + b] for i in range(0, len(texts), b)]
-    model = fast.reference(copy.deepcopy(model)).eval()  # as a loaded checkpoint classifies: the core's kernels
+    model = fast.reference(copy.deepcopy(model)).eval()  # the core's kernels, as a loaded checkpoint's module
     same_weights = model.pooling == "cls"
     hf_dir = write_huggingface(model if same_weights else cls_twin(model), tokenizer, tmp / "hf")
     onnx_dir = write_onnx(model, tokenizer, tmp / "onnx")
@@ -302,7 +304,11 @@ def classify_all(args, model: SequenceClassifier, tokenizer: WordPiece, tmp: Pat
     if same_weights:
         gaps["huggingface"] = huggingface_gap(model, tokenizer, hf_model, hf_tokenizer)
     pipe = transformers.pipeline("text-classification", model=hf_model, tokenizer=hf_tokenizer, device="cpu")
-    fused = fast.use(copy.deepcopy(model), "dropout16", "fused_attention").eval()
+    # what attnkit.load(run).classify runs: the fast runtime's copy, at each precision this CPU has the instructions for
+    fast_models = {"attnkit": fast.classifier(model)}
+    for precision in ("bf16", "int8"):
+        if set(NEEDS[precision]) & cpu_flags():
+            fast_models[f"attnkit_{precision}"] = fast.classifier(model, precision)
     labels = model.labels
 
     # each system takes a round's sentences, as chunks of b in input order -> their labels in input order
@@ -315,7 +321,8 @@ def classify_all(args, model: SequenceClassifier, tokenizer: WordPiece, tmp: Pat
 
     def attnkit_in_order(batches):
         # one call per chunk of b in input order: the pipeline's batches exactly
-        return [c.label for chunk in batches for c in classify(model, tokenizer, chunk, batch_tokens=10**9)]
+        return [c.label for chunk in batches for c in classify(fast_models["attnkit"], tokenizer, chunk,
+                                                                batch_tokens=10**9)]
 
     def pipeline_system(batches):
         # one call for the round, as one would call it on a list: it cuts the batches of b in input order itself
@@ -334,9 +341,10 @@ def classify_all(args, model: SequenceClassifier, tokenizer: WordPiece, tmp: Pat
                 out[i] = labels[int(k)]
         return out
 
-    systems = {"attnkit": attnkit_system(model), "transformers_pipeline": pipeline_system,
-               "onnxruntime": onnx_system, "attnkit_fused_attention": attnkit_system(fused),
-               "attnkit_input_order": attnkit_in_order}
+    systems = {"attnkit": attnkit_system(fast_models["attnkit"]), "transformers_pipeline": pipeline_system,
+               "onnxruntime": onnx_system, "attnkit_core": attnkit_system(model),
+               "attnkit_input_order": attnkit_in_order,
+               **{name: attnkit_system(m) for name, m in fast_models.items() if name != "attnkit"}}
     seconds = dict.fromkeys(systems, 0.0)
     predictions = {name: [] for name in systems}
     with torch.inference_mode():
@@ -378,6 +386,9 @@ def classify_all(args, model: SequenceClassifier, tokenizer: WordPiece, tmp: Pat
     record["attnkit_over_onnxruntime"] = round(speed["attnkit"] / speed["onnxruntime"], 3)
     print(f"classify attnkit / pipeline: {record['attnkit_over_pipeline']:.2f}x, attnkit / onnxruntime: "
           f"{record['attnkit_over_onnxruntime']:.2f}x", flush=True)
+    for name in (n for n in fast_models if n != "attnkit"):  # the lower precisions, beside fp32's headline
+        record[f"{name}_over_pipeline"] = round(speed[name] / speed["transformers_pipeline"], 3)
+        print(f"classify {name} / pipeline: {record[f'{name}_over_pipeline']:.2f}x", flush=True)
     return record
 
 

@@ -498,6 +498,10 @@ def block_finetune_speed(results: dict) -> str:
                        ("inference_speedup_vs_pipeline", "attnkit / pipeline, classifying"),
                        ("inference_speedup_vs_onnxruntime", "attnkit / onnxruntime, classifying")):
         lines.append(f"| {label} | {number(ratios.get(key))}x | at least {number(targets.get(key), 1)}x |")
+    for key, value in i.items():  # the lower precisions (--precision), beside the fp32 headline
+        if key.endswith("_over_pipeline") and key != "attnkit_over_pipeline":
+            name = key.removesuffix("_over_pipeline").replace("_", " ")
+            lines.append(f"| {name} / pipeline (fp32), classifying | {number(value)}x | none: fp32 is held to it |")
     return "\n".join(lines) + "\n"
 
 

@@ -22,8 +22,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def expected(run, texts, pairs=None):
-    model, _, tokenizer, _ = load_checkpoint(run)
-    return classify(model, tokenizer, texts, pairs)
+    """What the CLI must print: the loaded model's own classifications (``attnkit.load``'s fast copy classifies;
+    a near-constant regressor's correlations move with its last bits)."""
+    model = attnkit.load(run)
+    return classify(model.classifier, model.tokenizers, texts, pairs)
 
 
 def check_lines(lines: list[str], results) -> None:
@@ -77,6 +79,45 @@ def test_batches_sort_by_length_hold_at_most_batch_size_inputs_and_change_no_ans
     assert [c.label for c in batched] == [c.label for c in one_by_one]
     for a, b in zip(batched, one_by_one):
         assert all(a.probabilities[k] == pytest.approx(b.probabilities[k], abs=1e-5) for k in a.probabilities)
+
+
+def test_a_loaded_classifier_classifies_with_the_fast_runtime_and_explains_with_the_core(classifier_run, sst2_dev):
+    import torch
+
+    from attnkit.nn.attention import reference_attention
+
+    model = attnkit.load(classifier_run)
+    assert model.classifier is not model.module
+    assert all(m.kernel is reference_attention for m in model.module.modules() if hasattr(m, "kernel"))
+    core = classify(model.module, model.tokenizers, list(sst2_dev.texts[:64]))
+    fast = model.classify(list(sst2_dev.texts[:64]))
+    assert [c.label for c in fast] == [c.label for c in core]
+    for a, b in zip(fast, core):
+        assert all(a.probabilities[k] == pytest.approx(b.probabilities[k], abs=1e-5) for k in a.probabilities)
+    assert all(p.dtype == torch.float32 for p in model.classifier.parameters())
+
+
+@pytest.mark.parametrize("precision, tolerance", [("bf16", 0.05), ("int8", 0.1)])
+def test_classifying_at_lower_precision_stays_close_to_fp32(classifier_run, sst2_dev, precision, tolerance):
+    from attnkit.fast.precision import NEEDS, cpu_flags
+
+    if not set(NEEDS[precision]) & cpu_flags():
+        pytest.skip(f"{precision} needs a CPU with {' or '.join(NEEDS[precision])}")
+    texts = list(sst2_dev.texts[:200])
+    full = attnkit.load(classifier_run).classify(texts)
+    low = attnkit.load(classifier_run, precision=precision).classify(texts)
+    agree = sum(a.label == b.label for a, b in zip(low, full)) / len(texts)
+    gap = max(abs(a.probabilities[k] - b.probabilities[k]) for a, b in zip(low, full) for k in a.probabilities)
+    assert agree >= 0.97 and gap <= tolerance, (agree, gap)
+
+
+def test_classify_refuses_a_precision_the_cpu_lacks_in_one_line(classifier_run, capsys, monkeypatch):
+    from attnkit.fast import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))
+    code, out, err = run_cli(capsys, "classify", "--checkpoint", classifier_run, "--precision", "bf16")
+    assert code == 2 and not out
+    assert err.strip().count("\n") == 0 and "bf16 needs a CPU with avx512_bf16 or amx_bf16" in err
 
 
 # --- attnkit classify

@@ -71,10 +71,10 @@ class Model:
         self.module, self.config, self.tokenizers, self.path = module, config, tokenizers, Path(path)
         self.precision = precision
         self.generative = isinstance(module, GenerativeModel)
-        if not self.generative and precision != "fp32":
-            raise AttnkitError(f"precision {precision}: a {module.family} model decodes nothing and computes in "
-                               "fp32 (leave out precision)")
         self.decoder = fast.decoder(module, precision=precision) if self.generative else None
+        # what classifies: a copy with the fast runtime's attention, at the precision asked for (the module itself,
+        # the core's, draws the attention and the explanations)
+        self.classifier = None if self.generative else fast.classifier(module, precision)
         self._image_encoder = None  # a captioner's CNN, loaded on first use
 
     @property
@@ -385,7 +385,7 @@ class Model:
                 which = f"pairs[{i - len(texts)}]" if i >= len(texts) else f"texts[{i}]"
                 raise AttnkitError(f"classify: {which} is {'empty' if isinstance(text, str) else repr(text)}, "
                                    "not a sentence")
-        out = classify(self.module, self.tokenizers, texts, pairs, batch_tokens)
+        out = classify(self.classifier, self.tokenizers, texts, pairs, batch_tokens)
         return out[0] if one else out
 
     def _check_pairs(self, given: bool) -> None:

@@ -41,8 +41,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 
 def _add_precision_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
-                   help="what decoding computes in: bf16 needs a CPU with AVX512_BF16 or AMX, int8 one with VNNI or "
-                        "AMX (else refused in one line); default fp32")
+                   help="what decoding (or classifying) computes in: bf16 needs a CPU with AVX512_BF16 or AMX, "
+                        "int8 one with VNNI or AMX (else refused in one line); default fp32")
 
 
 def cmd_train(args) -> int:
@@ -395,7 +395,7 @@ def _load_classifier(args):
     """The checkpoint of ``--checkpoint`` as an :class:`attnkit.api.Model` that classifies (else one line)."""
     from attnkit.api import load
 
-    model = load(args.checkpoint)
+    model = load(args.checkpoint, precision=getattr(args, "precision", "fp32"))
     model.require("classify")
     return model
 
@@ -529,8 +529,8 @@ def cmd_classify(args) -> int:
     _check_output(args.output)
     model = _load_classifier(args)
     chunks = _classify_chunks(args, model)  # a file: read and checked before --output is opened (and emptied)
-    return _stream(args.output, ([_classification_line(c) for c in classify(model.module, model.tokenizers, texts,
-                                                                             pairs)] for texts, pairs in chunks))
+    return _stream(args.output, ([_classification_line(c) for c in classify(model.classifier, model.tokenizers,
+                                                                             texts, pairs)] for texts, pairs in chunks))
 
 
 def _evaluate_classifier(args) -> int:
@@ -551,7 +551,7 @@ def _evaluate_classifier(args) -> int:
     labels = model.module.labels
     if model.module.problem == "classification":
         check_labels(data, labels, f"the checkpoint {model.path}")
-    results = classify(model.module, model.tokenizers, data.texts, data.pairs, args.batch_tokens)
+    results = classify(model.classifier, model.tokenizers, data.texts, data.pairs, args.batch_tokens)
     if model.module.problem == "regression":
         scores = regression_scores([c.score for c in results], data.labels)
     else:
@@ -859,6 +859,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair-column", help="a file with a header row: the column of the second sentence of a pair")
     p.add_argument("--batch-size", type=int, default=256,
                    help="inputs per chunk: each chunk's lines are written and flushed together (default 256)")
+    _add_precision_arg(p)
     p.set_defaults(func=cmd_classify)
 
     p = sub.add_parser("align", help="draw the attention between a sentence and its translation (a heatmap)")

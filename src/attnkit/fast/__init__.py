@@ -7,7 +7,9 @@
 * :func:`compile_step` compiles a decoder with ``torch.compile``, and its search steps ahead of time with
   AOTInductor (:mod:`attnkit.fast.compile`, :mod:`attnkit.fast.aot`).
 * :func:`keep_freed_memory` keeps freed memory for reuse (:mod:`attnkit.fast.memory`).
-* bf16 and int8 decoding, where the CPU has the instructions for them (:mod:`attnkit.fast.precision`).
+* :func:`classifier` copies a classifier with the fused attention kernel, at fp32, bf16 or int8.
+* bf16 and int8 decoding and classifying, where the CPU has the instructions for them
+  (:mod:`attnkit.fast.precision`).
 
 The kernels and module tricks (attention, dropout, loss, ranking, memory, runtime) sit beside the core and import
 only it; the decoders (decoding, compile, aot) sit beside :mod:`attnkit.decode` and import the models and the
@@ -49,4 +51,20 @@ def decoder(model, compile: bool = False, precision: str = "fp32", **options):
     return FastDecoder(model)
 
 
-__all__ = ["TRAINING", "TRICKS", "FastDecoder", "compile_step", "decoder", "keep_freed_memory", "reference", "use"]
+def classifier(model, precision: str = "fp32"):
+    """The fastest copy of a classifier this runtime offers, for classifying: the fused attention kernel and
+    16-bit dropout's eval shortcut installed, at ``precision`` ("bf16" or "int8" where this machine has the
+    instructions for it, :mod:`attnkit.fast.precision`). ``model`` itself is left as it is: its attention maps, for
+    explanations, stay the core's."""
+    import copy
+
+    from attnkit.fast.precision import at_precision
+
+    fast = at_precision(model, precision)
+    if fast is model:
+        fast = copy.deepcopy(model)
+    return use(fast, "dropout16", "fused_attention").eval()
+
+
+__all__ = ["TRAINING", "TRICKS", "FastDecoder", "classifier", "compile_step", "decoder", "keep_freed_memory",
+           "reference", "use"]

@@ -388,7 +388,7 @@ def run_classify(jobs: list[Job], settings) -> list:
     if all(j.cancelled for j in jobs):
         raise Abandoned
     m = jobs[0].served
-    module, tok = m.model.module, m.model.tokenizers
+    module, tok = m.model.classifier, m.model.tokenizers
     sentences = [s for j in jobs for s in j.payload.sentences]
     pairs = [p for j in jobs for p in j.payload.pairs] if reads_pairs(m.model) else None
     results = classify(module, tok, sentences, pairs, batch_tokens=settings.max_batch_tokens)
@@ -398,7 +398,7 @@ def run_classify(jobs: list[Job], settings) -> list:
         out = {"model": m.name, "results": [{"label": r.label, "probabilities": r.probabilities, "score": r.score}
                                             for r in results[start:start + n]]}
         if j.payload.explain:
-            e = explain(module, tok, j.payload.sentences[0], j.payload.pairs[0] if pairs is not None else None)
+            e = explain(m.model.module, tok, j.payload.sentences[0], j.payload.pairs[0] if pairs is not None else None)
             out["explanation"] = {"pieces": e.pieces, "token_types": list(e.token_types), "label": e.label,
                                   "value": e.value, "occlusion": [round(x, 6) for x in e.occlusion],
                                   "attention": [_rounded(w) for w in e.attention], "rollout": _rounded(e.rollout, 6)}
