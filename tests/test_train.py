@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from attnkit import fast
 from attnkit.config import (
     BertClassifierConfig,
+    GPTClassifierConfig,
     LMConfig,
     RNNEncDecConfig,
     RNNSearchConfig,
@@ -577,6 +578,7 @@ SHIPPED = {  # each shipped config and the dataclass its [model] table must beco
     "glue_sst2": BertClassifierConfig,
     "glue_mrpc": BertClassifierConfig,
     "glue_stsb": BertClassifierConfig,
+    "glue_sst2_gpt": GPTClassifierConfig,
 }
 
 
