@@ -26,6 +26,14 @@ from attnkit.checkpoint import load_weights, read_config, read_meta, resolve_che
 from attnkit.config import ExperimentConfig, LMConfig
 from attnkit.errors import AttnkitError
 
+
+def check_truncate(cfg: ExperimentConfig, pretrained: Path) -> None:
+    """Refuse, before any file is written, inputs longer than the pretrained model's learned positions."""
+    if cfg.data.truncate > cfg.model.max_positions:
+        raise AttnkitError(f"data.truncate = {cfg.data.truncate} is longer than the {cfg.model.max_positions} "
+                           f"positions of {pretrained}")
+
+
 # --- BERT (Devlin et al. 2019): a Hugging Face directory
 
 
@@ -50,9 +58,7 @@ def bert_prepare(cfg: ExperimentConfig, run_dir: Path, write: bool) -> list[str]
     shape = bert_config(hf, str(config_file))
     cfg.model = dataclasses.replace(cfg.model, **{k: getattr(shape, k) for k in (
         "d_model", "n_heads", "d_ff", "n_layers", "activation", "layer_norm_eps", "max_positions")})
-    if cfg.data.truncate > cfg.model.max_positions:
-        raise AttnkitError(f"data.truncate = {cfg.data.truncate} is longer than the {cfg.model.max_positions} "
-                           f"positions of {pretrained}")
+    check_truncate(cfg, pretrained)
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(pretrained / "vocab.txt", run_dir / "vocab.txt")
@@ -111,9 +117,7 @@ def gpt_checkpoint(cfg: ExperimentConfig) -> tuple[Path, ExperimentConfig]:
 def gpt_prepare(cfg: ExperimentConfig, run_dir: Path, write: bool) -> list[str]:
     path, lm = gpt_checkpoint(cfg)
     cfg.model = dataclasses.replace(cfg.model, **{k: getattr(lm.model, k) for k in LM_SHAPE})
-    if cfg.data.truncate > cfg.model.max_positions:
-        raise AttnkitError(f"data.truncate = {cfg.data.truncate} is longer than the {cfg.model.max_positions} "
-                           f"positions of {path}")
+    check_truncate(cfg, path)
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path / GPT_TOKENIZER, run_dir / GPT_TOKENIZER)

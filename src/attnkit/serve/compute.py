@@ -388,10 +388,10 @@ def run_classify(jobs: list[Job], settings) -> list:
     if all(j.cancelled for j in jobs):
         raise Abandoned
     m = jobs[0].served
-    module, tok = m.model.classifier, m.model.tokenizers
+    classifier, tok = m.model.classifier, m.model.tokenizers
     sentences = [s for j in jobs for s in j.payload.sentences]
     pairs = [p for j in jobs for p in j.payload.pairs] if reads_pairs(m.model) else None
-    results = classify(module, tok, sentences, pairs, batch_tokens=settings.max_batch_tokens)
+    results = classify(classifier, tok, sentences, pairs, batch_tokens=settings.max_batch_tokens)
     answers, start = [], 0
     for j in jobs:
         n = len(j.payload.sentences)
