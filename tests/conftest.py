@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,11 @@ import torch
 # another job may be using the other cores: keep every test on one thread
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# compiled steps are kept in a cache of this test process's own (the commands the tests start inherit it), never
+# in the user's, and removed at the end
+_CACHE = tempfile.mkdtemp(prefix="attnkit-test-cache-")
+os.environ["ATTNKIT_CACHE"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 from attnkit.config import ExperimentConfig, TransformerConfig
 from attnkit.data import generate_dates, resolve_data_dir
@@ -203,10 +211,7 @@ def tiny_bert_directory(tmp_path_factory, minilm_directory) -> Path:
 
 @pytest.fixture(scope="session")
 def classifier_run(tmp_path_factory, tiny_bert_directory, data_dir) -> Path:
-    """A small BERT classifier fine-tuned for a few steps on a slice of GLUE SST-2 (labels "0" and "1"); with
-    ``$ATTNKIT_CLASSIFIER_RUN`` that run instead (``make screenshots``: the SST-2 recipe's model)."""
-    if os.environ.get("ATTNKIT_CLASSIFIER_RUN"):
-        return Path(os.environ["ATTNKIT_CLASSIFIER_RUN"])
+    """A small BERT classifier fine-tuned for a few steps on a slice of GLUE SST-2 (labels "0" and "1")."""
     root = tmp_path_factory.mktemp("classifier")
     train, dev = write_glue_slice(data_dir, root / "data", "sst2")
     return train_classifier(root / "run", tiny_bert_directory, train, dev)

@@ -4,6 +4,7 @@ for every batch size and cache length, and the fallback wherever a graph does no
 from __future__ import annotations
 
 import copy
+import json
 from functools import partial
 
 import pytest
@@ -102,3 +103,57 @@ def test_steps_a_graph_does_not_cover_run_the_fallback():
     expected = _decode(model, src, 1, need_weights=True)
     for a, b in zip(weights, expected):
         torch.testing.assert_close(a[0].attention, b[0].attention)
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_packages_kept_in_the_cache_load_in_the_next_decoder_and_damaged_ones_are_rebuilt(model, tmp_path,
+                                                                                         monkeypatch, capfd):
+    """The first compiled decoder of a model builds its greedy packages and keeps them in the cache; a second
+    decoder of the same weights loads them (no compiling) and decodes as eager decoding does; a package whose bytes
+    changed is rebuilt with one warning line. Other weights have a cache directory of their own."""
+    from attnkit.fast.aot import cache_directory
+
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
+    eager = _decode(model, src, 1)
+
+    def greedy_aot():
+        fast = compile_step(model, freeze=True, ahead_of_time=True, check=False, cache=True)
+        aot = fast.search_steps()["greedy_step"]
+        _same(_decode(fast, src[:1], 1), _decode(model, src[:1], 1))  # the packages are made, or loaded
+        _same(_decode(fast, src, 1), eager)
+        assert len(aot.packages) == 2 and all(aot.packages.values())
+        return aot
+
+    first = greedy_aot()
+    kept = sorted(first.cache.glob("*.pt2"))
+    assert first.loaded == 0 and len(kept) == 2 and all(p.with_suffix(".json").is_file() for p in kept)
+    assert first.cache.parent == tmp_path / "compiled"
+    assert greedy_aot().loaded == 2
+
+    data = bytearray(kept[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    kept[0].write_bytes(bytes(data))
+    capfd.readouterr()
+    rebuilt = greedy_aot()
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
+    assert rebuilt.loaded == 1 and len(warnings) == 1 and "compiling it again" in warnings[0]
+    assert greedy_aot().loaded == 2  # rebuilt, and kept again
+
+    other = copy.deepcopy(model)
+    next(other.parameters()).add_(1.0)
+    assert cache_directory(other) != cache_directory(model) == cache_directory(copy.deepcopy(model))
+
+
+def test_a_package_record_names_only_attnkit_types():
+    """A record's structure names the types of a step's outputs; reading it imports attnkit's own types (and the
+    tuple), never another module's: a record naming ``os:system`` is refused, so that package is compiled again."""
+    from attnkit.fast.aot import _decode, _encode
+    from attnkit.fast.decoding import GroupedDecoderState
+
+    structure = ("tuple", tuple, ["tensor", ("state", GroupedDecoderState, 3, 7), None])
+    assert _decode(json.loads(json.dumps(_encode(structure)))) == structure
+    for foreign in ("os:system", "builtins:eval", "attnkit.fast.aot:cache_root"):
+        with pytest.raises(ValueError):
+            _decode(["state", foreign, 1, 2])

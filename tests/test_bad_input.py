@@ -271,6 +271,14 @@ case("images", "caption_with_a_translation_model", "cannot caption")(
     lambda w: ["caption", "--checkpoint", w.ckpt, w.write("x.jpg", b"not a jpeg")])
 case("images", "caption_beam_zero", "--beam 0")(
     lambda w: ["caption", "--checkpoint", w.ckpt, w.write("x.jpg", b"not a jpeg"), "--beam", "0"])
+case("images", "caption_list_names_a_missing_image", "line 2")(
+    lambda w: ["caption", "--checkpoint", w.ckpt, "--list",
+               w.write("list.txt", f"{w.write('a.jpg', b'jpg')}\nb.jpg\n")])
+case("images", "caption_list_of_nothing", "names no image")(
+    lambda w: ["caption", "--checkpoint", w.ckpt, "--list", w.write("list.txt", "\n\n")])
+case("images", "caption_no_images", "no images")(lambda w: ["caption", "--checkpoint", w.ckpt])
+case("images", "caption_image_dir_without_list", "--image-dir")(
+    lambda w: ["caption", "--checkpoint", w.ckpt, w.write("x.jpg", b"jpg"), "--image-dir", w.root])
 case("images", "show_attention_is_a_file", "--show-attention")(
     lambda w: ["caption", "--checkpoint", w.ckpt, w.write("x.jpg", b"jpg"), "--show-attention", w.input])
 

@@ -153,3 +153,18 @@ def test_caption_task_trains_on_a_few_real_images(tmp_path, data_dir):
     for c in out:
         assert c.text[0].split() and all(w in vocab.stoi for w in c.text[0].split())
         assert c.hypotheses[0].attention.shape[1] == 49
+    # attnkit caption captions a list of Flickr8k dev images (its file names, as Flickr_8k.devImages.txt holds them)
+    # into JSON lines, each the caption attnkit.load gives that file, in the list's order
+    import attnkit
+    from attnkit.cli import main
+
+    names = (data_dir / "flickr8k" / "Flickr_8k.devImages.txt").read_text().split()[:3]
+    listing = tmp_path / "dev3.txt"
+    listing.write_text("\n".join(names) + "\n\n")
+    out = tmp_path / "captions.jsonl"
+    images = data_dir / "flickr8k" / "images_224"
+    assert main(["caption", "--checkpoint", str(tmp_path / "run"), "--list", str(listing), "--image-dir", str(images),
+                 "--beam", "2", "-o", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["file"] for r in rows] == [str(images / n) for n in names]
+    assert [r["caption"] for r in rows] == attnkit.load(tmp_path / "run").caption([r["file"] for r in rows], beam=2)

@@ -531,6 +531,31 @@ def test_a_compiled_step_decodes_like_the_eager_one(model, src):
     decodes_like_eager(model, compile_step(model, check=False), src)
 
 
+@pytest.mark.slow
+@torch.no_grad()
+def test_a_compiled_decoder_does_not_recompile_for_new_batch_sizes_or_lengths(model):
+    """Shapes that vary (the batch, the source length, the cache length) are dynamic from the start: once greedy
+    decoding and beam search have run on one sentence and on a batch (the sizes 0 and 1 are compiled apart), no
+    other batch size or length compiles a graph again."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
+    compiled = compile_step(model, check=False)
+
+    def decode(src):
+        lens = _max_lens(src)
+        greedy(compiled, _init(compiled, src), lens)
+        beam_search(compiled, _init(compiled, src), lens, beam_size=3)
+
+    for warmup in (random_src([5], vocab=VOCAB, seed=1), random_src([6, 3, 5, 2], vocab=VOCAB, seed=2)):
+        decode(warmup)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs > 0
+    for seed, lengths in enumerate(([7], [2, 9], [4, 4, 4], [11, 1, 6, 3, 8, 5, 2], [3] * 12), start=3):
+        decode(random_src(lengths, vocab=VOCAB, seed=seed))
+        assert counters["stats"]["unique_graphs"] == graphs, f"recompiled for sources of lengths {lengths}"
+
+
 @pytest.mark.internals
 @torch.no_grad()
 def test_a_compiled_decoder_stores_linear_weights_column_major(model):

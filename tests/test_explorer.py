@@ -4,22 +4,20 @@
 
 Each view is loaded, used (translate and watch the matrix fill, switch layer and head, mask heads and re-run,
 generate at two temperatures, caption an image, ...), exported, reproduced from its URL, and photographed into
-``$ATTNKIT_SCREENSHOTS/explorer_<view>.png`` (``make screenshots`` sets it to docs/figures, whose pictures the
-README shows; otherwise a temporary folder: a test run leaves the checkout as it was). The long-input test renders
-the model view of a 200-token source with every head of a 6-layer, 8-head model and prints how long that took.
+``$ATTNKIT_SCREENSHOTS/explorer_<view>.png`` (a temporary folder by default: a test run leaves the checkout as it
+was; the README's pictures come from the recipes' models, bench/screenshots.py, whose browser set-up these tests
+share and whose own run is tested last). The long-input test renders the model view of a 200-token source with
+every head of a 6-layer, 8-head model and prints how long that took.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
+import importlib.util
 import json
 import os
 import random
-import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -37,7 +35,6 @@ from conftest import tiny_model_config
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
@@ -45,18 +42,20 @@ from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = Path(os.environ.get("ATTNKIT_SCREENSHOTS") or Path(tempfile.gettempdir()) / "attnkit-explorer-shots")
 SAMPLES = ROOT / "src" / "attnkit" / "serve" / "static" / "samples"
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
-CHROMEDRIVER = next((p for p in ("/usr/bin/chromedriver", shutil.which("chromedriver") or "")
-                     if p and os.path.exists(p)), None)
-# the flags this machine's closed network needs (without the background-networking ones Chromium's own
-# connections are refused and it stalls), and a fresh profile per run
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--hide-scrollbars", "--force-device-scale-factor=1",
-                  "--window-size=1360,900"]
+
+
+def _bench_screenshots():
+    """bench/screenshots.py (the README's pictures from the recipes' models): its browser set-up is the tests'."""
+    spec = importlib.util.spec_from_file_location("bench_screenshots", ROOT / "bench" / "screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SHOTS = _bench_screenshots()
 SENTENCE = "March 3, 2021"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+pytestmark = pytest.mark.skipif(SHOTS.CHROMIUM is None or SHOTS.CHROMEDRIVER is None,
                                 reason="no Chromium: `make browser` installs Debian's chromium and chromium-driver")
 
 
@@ -175,12 +174,6 @@ def build_wide(path: Path, dates_checkpoint: Path) -> Path:
 # --- the server and the browser
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, trained_checkpoint) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("explorer_models")
@@ -193,26 +186,7 @@ def checkpoints(tmp_path_factory, trained_checkpoint) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(checkpoints, tmp_path_factory):
     """``attnkit serve`` on a free loopback port, as a user starts it."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    cmd = [sys.executable, "-m", "attnkit", "serve", *(f"{name}={path}" for name, path in checkpoints.items()),
-           "--port", str(port), "--timeout", "60"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if json.load(r)["status"] == "ok":
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"attnkit serve did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.3)
+    proc, url = SHOTS.start_server(checkpoints, tmp_path_factory.mktemp("serve") / "serve.log")
     yield url
     proc.terminate()
     try:
@@ -228,13 +202,7 @@ def downloads(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory, downloads):
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    driver = SHOTS.open_browser(tmp_path_factory.mktemp("chromium-profile"), downloads)
     yield driver
     driver.quit()
 
@@ -309,13 +277,7 @@ class Page:
 
     def screenshot(self, name: str, height: int | None = None):
         """The view from the top, the whole page or ``height`` pixels of it, into FIGURES/explorer_<name>.png."""
-        FIGURES.mkdir(parents=True, exist_ok=True)
-        self.js("window.scrollTo(0, 0); document.activeElement && document.activeElement.blur()")
-        width, full = self.js("return [document.documentElement.clientWidth, document.documentElement.scrollHeight]")
-        clip = {"x": 0, "y": 0, "width": width, "height": min(height or full, full, 2400), "scale": 1}
-        shot = self.d.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
-                                                                 "clip": clip})
-        (FIGURES / f"explorer_{name}.png").write_bytes(base64.b64decode(shot["data"]))
+        SHOTS.capture(self.d, FIGURES / f"explorer_{name}.png", height)
 
 
 @pytest.fixture
@@ -792,3 +754,34 @@ def test_classify_scores_a_sentence_pair(browser, classifiers, regressor_run):
     assert "score" in page.find("[data-role=occlusion-legend]").text
     assert "pair=" in page.js("return location.hash")
     assert not [e for e in page.errors() if "favicon" not in e], "errors in the browser's console"
+
+
+def test_the_readme_pictures_come_from_the_runs_they_name(checkpoints, classifier_run, tmp_path):
+    """bench/screenshots.py (make screenshots) serves the runs it is given, photographs each view on its input,
+    says in explorer.json which checkpoint each picture shows (and the translation it showed), and keeps the
+    picture of a view whose run is missing."""
+    from attnkit.checkpoint import resolve_checkpoint
+    from attnkit.decode import translate
+
+    out = tmp_path / "figures"
+    out.mkdir()
+    (out / "explorer_lm.png").write_bytes(b"an older picture")
+    runs = {"transformer": checkpoints["dates"], "rnnsearch": checkpoints["rnnsearch"],
+            "captioner": checkpoints["captioner"], "lm": tmp_path / "no_such_run", "sst2": classifier_run}
+    argv = ["--out", str(out), "--src", SENTENCE, "--image", str(SAMPLES / "dog.png"), "--review", REVIEW,
+            *(f"--run={name}={run}" for name, run in runs.items())]
+    assert SHOTS.main(argv) == 0
+
+    manifest = json.loads((out / "explorer.json").read_text())
+    served = {"translate": "transformer", "model": "transformer", "interventions": "transformer",
+              "rnnsearch": "rnnsearch", "caption": "captioner", "classify": "sst2"}
+    assert sorted(manifest) == sorted(f"explorer_{view}.png" for view in served)
+    for view, name in served.items():
+        picture = (out / f"explorer_{view}.png").read_bytes()
+        assert picture[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(picture[16:20], "big") > 1000  # its width
+        assert manifest[f"explorer_{view}.png"]["checkpoint"] == str(resolve_checkpoint(runs[name]).resolve())
+    assert manifest["explorer_caption.png"]["image"] == "dog.png"
+    assert (out / "explorer_lm.png").read_bytes() == b"an older picture"
+    model, cfg, toks, _ = load_checkpoint(checkpoints["dates"])
+    expected = translate(model, toks, [SENTENCE], beam_size=5, len_penalty=cfg.decode.len_penalty)[0].text[0]
+    assert manifest["explorer_translate.png"]["translation"] == expected

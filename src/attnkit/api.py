@@ -105,14 +105,16 @@ class Model:
         column) or single sentences."""
         return registry.reads_pairs(self.config)
 
-    def compile(self, ahead_of_time: bool = True, freeze: bool = True) -> Model:
-        """Compile the decoding steps (a minute or so, then faster; see docs/performance.md). Returns self."""
+    def compile(self, ahead_of_time: bool = True, freeze: bool = True, cache: bool = True) -> Model:
+        """Compile the decoding steps (a minute or so the first time, then faster; see docs/performance.md); with
+        ``cache`` the steps compiled ahead of time are kept in the user's cache and loaded from there by the next
+        process that compiles this model. Returns self."""
         from attnkit import fast
 
         if not self.generative:
             raise AttnkitError(f"a {self.family} model decodes nothing to compile")
         self.decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
-                                    ahead_of_time=ahead_of_time)
+                                    ahead_of_time=ahead_of_time, cache=cache)
         return self
 
     # --- what a family can do

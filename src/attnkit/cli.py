@@ -35,7 +35,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-best", type=int, default=1)
     p.add_argument("--compile", action="store_true",
                    help="compile the decoding steps ahead of time (AOTInductor) and the encoder (torch.compile): "
-                        "a minute to compile, then faster (see README)")
+                        "a minute the first time, then faster; the steps are kept in the user's cache "
+                        "($ATTNKIT_CACHE, else ~/.cache/attnkit), so later runs load them in seconds")
     _add_precision_arg(p)
 
 
@@ -635,6 +636,32 @@ def cmd_bench(args) -> int:
     return bench_complexity.main(args)
 
 
+CAPTION_CHUNK = 32  # images captioned together: their pixels and feature grids are held at once
+
+
+def _image_list(path: str, image_dir: str | None) -> list[str]:
+    """The image files a --list names, one a line (blank lines skipped), each found in --image-dir (default: the
+    list's own directory) unless absolute; a missing one is an error naming its line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise AttnkitError(f"--list {path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise AttnkitError(f"--list {path}: not UTF-8 text") from None
+    base = Path(image_dir) if image_dir else Path(path).parent
+    images = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        image = base / line.strip()
+        if not image.is_file():
+            raise AttnkitError(f"--list {path}, line {n}: {image}: no such image file")
+        images.append(str(image))
+    if not images:
+        raise AttnkitError(f"--list {path}: names no image")
+    return images
+
+
 def cmd_caption(args) -> int:
     import torch
 
@@ -645,23 +672,36 @@ def cmd_caption(args) -> int:
 
     if args.beam is not None and args.beam < 1:
         raise AttnkitError(f"--beam {args.beam}: expected a beam size of at least 1 (1 = greedy)")
+    if args.image_dir and not args.list:
+        raise AttnkitError("--image-dir: only with --list (the directory its file names are in)")
     _check_output(args.show_attention, "--show-attention", directory=True)
+    _check_output(args.output)
+    paths = list(args.images) + (_image_list(args.list, args.image_dir) if args.list else [])
+    if not paths:
+        raise AttnkitError("no images: name image files, or a file listing them with --list")
     model = load(args.checkpoint, precision=args.precision)
     model.require("caption")
     cfg, vocab = model.config, model.tokenizers
     _, h, w = grid_shape(cfg.data.image_grid)
-    images = [load_image(p) for p in args.images]
-    results = model.caption(args.images, beam=args.beam, details=True)
-    for path, image, c in zip(args.images, images, results):
-        print(f"{path}\t{c.text[0]}")
-        if args.show_attention:
-            hyp = c.hypotheses[0]
-            words = vocab.id_to_piece(hyp.tokens) + ["<end>"]
-            out = Path(args.show_attention) / f"{Path(path).stem}.attention.png"
-            attention = hyp.attention if hyp.attention is not None else torch.zeros(len(words), h * w)
-            plot_caption_attention(image, words, attention, (h, w), out)
-            print(f"  attention: {out}", file=sys.stderr)
-    return 0
+
+    def captioned():
+        """Lines of captions, a chunk of images at a time (their pixels and grids are not all held at once)."""
+        for start in range(0, len(paths), CAPTION_CHUNK):
+            chunk = paths[start:start + CAPTION_CHUNK]
+            lines = []
+            for path, c in zip(chunk, model.caption(chunk, beam=args.beam, details=True)):
+                lines.append(json.dumps({"file": path, "caption": c.text[0]}, ensure_ascii=False) if args.output
+                             else f"{path}\t{c.text[0]}")
+                if args.show_attention:
+                    hyp = c.hypotheses[0]
+                    words = vocab.id_to_piece(hyp.tokens) + ["<end>"]
+                    out = Path(args.show_attention) / f"{Path(path).stem}.attention.png"
+                    attention = hyp.attention if hyp.attention is not None else torch.zeros(len(words), h * w)
+                    plot_caption_attention(load_image(path), words, attention, (h, w), out)
+                    print(f"  attention: {out}", file=sys.stderr)
+            yield lines
+
+    return _stream(args.output, captioned())
 
 
 def cmd_generate(args) -> int:
@@ -882,7 +922,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("caption", help="caption images with a Show-Attend-Tell or Transformer captioner")
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("images", nargs="+")
+    p.add_argument("images", nargs="*", help="image files (or --list)")
+    p.add_argument("--list", metavar="FILE", help="a file naming one image a line (e.g. Flickr_8k.devImages.txt)")
+    p.add_argument("--image-dir", metavar="DIR", help="where --list's images are (default: the list's directory)")
+    p.add_argument("--output", "-o", metavar="FILE",
+                   help="write JSON lines {\"file\", \"caption\"} here (default: file<TAB>caption lines on stdout)")
     p.add_argument("--beam", type=int, default=None)
     p.add_argument("--show-attention", metavar="DIR", help="write one figure per image: attention for each word")
     _add_precision_arg(p)

@@ -13,10 +13,21 @@ fallback (``compile_step``'s torch.compile graph).
 
 Each package holds the model's weights as constants of its own: a search makes two (its first step, its later
 steps), so greedy decoding and beam search together hold four copies of the weights beside the model's.
+
+Compiling a package takes tens of seconds; with a ``cache`` directory (:func:`cache_directory`: one per model's
+weights, torch version, attnkit source and CPU) each package is written there once, with a record of how to use
+it, and later processes load it in a second. A package is native code, so it is only ever loaded from the user's
+own cache (``$ATTNKIT_CACHE``, else ``$XDG_CACHE_HOME/attnkit``, else ``~/.cache/attnkit``), never from a directory
+handed over with a checkpoint; a package whose bytes or record do not match is rebuilt, with one warning line.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import json
+import os
+import sys
 import tempfile
 import warnings
 from functools import partial
@@ -45,9 +56,11 @@ class AheadOfTimeStep:
     (the positional table's length) are checked before each call, and the fallback runs outside them.
     """
 
-    def __init__(self, model: nn.Module, step, search_step, fallback):
+    def __init__(self, model: nn.Module, step, search_step, fallback, cache: Path | None = None):
         self.model, self.step, self.search_step, self.fallback = model, step, search_step, fallback
         self.packages: dict[tuple, _Package] = {}
+        self.cache = None if cache is None else Path(cache)
+        self.loaded = 0  # packages read from the cache rather than compiled
         self._directory = tempfile.TemporaryDirectory(prefix="attnkit-aoti-")  # removed with this object
 
     def __call__(self, tokens: Tensor, state, *args):
@@ -61,7 +74,7 @@ class AheadOfTimeStep:
         flat = [tokens, *state.tensors(), *tensors]
         if key not in self.packages:
             if not any(n == 1 for x in flat for n in x.shape[1:]):  # not the caches at t == 1: see _Package.build
-                self.packages[key] = self._build(flat, state)
+                self.packages[key] = self._cached(key) or self._build(key, flat, state)
             return partial(self.search_step, self.step)(tokens, state, *args)  # eagerly, while there is no graph
         package = self.packages[key]
         if package is None or not package.fits(flat):
@@ -69,14 +82,91 @@ class AheadOfTimeStep:
         # the graph reads its inputs with the strides of a contiguous tensor (below)
         return package.run([x if x.is_contiguous() else x.contiguous() for x in flat])
 
-    def _build(self, flat: list[Tensor], state) -> _Package | None:
-        path = Path(self._directory.name) / f"step{len(self.packages)}.pt2"
+    def _name(self, key: tuple) -> str:
+        """The file name of the package for ``key``: the search step and a digest of the graph's kind."""
+        kind = repr((_type_name(key[0]), *key[1:]))
+        return f"{self.search_step.__name__}-{hashlib.sha256(kind.encode()).hexdigest()[:16]}"
+
+    def _cached(self, key: tuple) -> _Package | None:
+        """The package for ``key`` from the cache, if there is one and it is intact (else None: build it)."""
+        if self.cache is None or not (self.cache / f"{self._name(key)}.json").is_file():
+            return None
+        path = self.cache / f"{self._name(key)}.pt2"
         try:
-            return _Package.build(self, flat, state, path)
+            package = _Package.load(path)
+        except Exception as e:  # noqa: BLE001 -- any damage: a warning, then the package is built again
+            print(f"attnkit: warning: the compiled {self.search_step.__name__} in {path.parent} is unusable "
+                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); compiling it again",
+                  file=sys.stderr, flush=True)
+            return None
+        self.loaded += 1
+        return package
+
+    def _build(self, key: tuple, flat: list[Tensor], state) -> _Package | None:
+        name = self._name(key)
+        path = Path(self._directory.name) / f"{name}.pt2"
+        try:
+            package = _Package.build(self, flat, state, path)
         except Exception as e:  # noqa: BLE001 -- any failure to export or compile leaves torch.compile's graph
             warnings.warn(f"{self.search_step.__name__} could not be compiled ahead of time, torch.compile runs it: "
                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", stacklevel=3)
             return None
+        if self.cache is not None:
+            try:
+                package.save(path, self.cache / f"{name}.pt2")
+            except OSError as e:  # a cache that cannot be written costs the next start a compile, nothing more
+                print(f"attnkit: warning: cannot keep the compiled {self.search_step.__name__} in {self.cache} "
+                      f"({e.strerror})", file=sys.stderr, flush=True)
+        return package
+
+
+def cache_root() -> Path:
+    """Where compiled packages are kept: ``$ATTNKIT_CACHE``, else ``$XDG_CACHE_HOME/attnkit``, else
+    ``~/.cache/attnkit``."""
+    if os.environ.get("ATTNKIT_CACHE"):
+        return Path(os.environ["ATTNKIT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit"
+
+
+def cache_directory(model: nn.Module, **options) -> Path:
+    """The cache directory of ``model``'s packages under :func:`cache_root`, named by a digest of everything a
+    graph depends on: the model's weights and buffers (their bytes, names and layouts), ``options`` (how the
+    model was prepared), the torch and Python versions, attnkit's source and this CPU's instruction sets."""
+    from attnkit.fast.precision import cpu_flags
+
+    digest = hashlib.sha256()
+    for name, x in [*model.named_parameters(), *model.named_buffers()]:
+        digest.update(f"{name}|{x.dtype}|{tuple(x.shape)}|{x.stride()}".encode())
+        digest.update(x.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    environment = {"torch": torch.__version__, "python": sys.version, "options": sorted(options.items()),
+                   "cpu": sorted(cpu_flags()), "source": _source_digest()}
+    digest.update(json.dumps(environment, default=str).encode())
+    return cache_root() / "compiled" / digest.hexdigest()[:32]
+
+
+def _source_digest() -> str:
+    """A digest of attnkit's Python source: a graph traces the models' code as well as the search's."""
+    root = Path(__file__).resolve().parents[1]
+    return get_hash_for_files(tuple(sorted(str(p) for p in root.rglob("*.py")))).hex()
+
+
+def _type_name(kind: type) -> str:
+    return f"{kind.__module__}:{kind.__qualname__}"
+
+
+def _named_type(name: str) -> type:
+    """A type :func:`_type_name` named: attnkit's own, or the tuple; nothing else is imported from a record."""
+    module, _, qualname = name.partition(":")
+    if name == "builtins:tuple":
+        return tuple
+    if not (module == "attnkit" or module.startswith("attnkit.")):
+        raise ValueError(f"a record names {name}, not one of attnkit's types")
+    kind = importlib.import_module(module)
+    for part in qualname.split("."):
+        kind = getattr(kind, part)
+    if not isinstance(kind, type):
+        raise ValueError(f"{name} is not a type")
+    return kind
 
 
 def exportable(state) -> bool:
@@ -137,6 +227,29 @@ class _Package:
             torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
         runner = torch._inductor.aoti_load_package(str(path))
         return cls(runner, recorded["structure"], recorded["passed"], _bounds(program))
+
+    def save(self, built: Path, path: Path) -> None:
+        """Keep the package compiled at ``built`` as ``path``, with its record beside it (``path`` with .json): the
+        structure of its outputs, its bounds and its bytes' SHA-256. Each file appears whole or not at all."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = built.read_bytes()
+        record = {"structure": _encode(self.structure), "passed": self.passed, "bounds": self.bounds,
+                  "sha256": hashlib.sha256(data).hexdigest(), "torch": torch.__version__}
+        for target, content in ((path, data), (path.with_suffix(".json"), json.dumps(record).encode())):
+            partial_file = target.with_name(f".{target.name}.{os.getpid()}.partial")
+            partial_file.write_bytes(content)
+            os.replace(partial_file, target)
+
+    @classmethod
+    def load(cls, path: Path) -> _Package:
+        """The package :meth:`save` kept at ``path``, checked against its record before it is loaded."""
+        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        if hashlib.sha256(path.read_bytes()).hexdigest() != record["sha256"]:
+            raise ValueError(f"{path.name}: its bytes differ from those recorded")
+        bounds = [tuple(int(v) for v in b) for b in record["bounds"]]
+        passed = [None if i is None else int(i) for i in record["passed"]]
+        structure = _decode(record["structure"])
+        return cls(torch._inductor.aoti_load_package(str(path)), structure, passed, bounds)
 
     def fits(self, flat: list[Tensor]) -> bool:
         return all(low <= flat[i].size(d) <= high for i, d, low, high in self.bounds)
@@ -201,6 +314,26 @@ def _flatten(x, leaves: list[Tensor]):
     if isinstance(x, tuple):
         return ("tuple", type(x), [_flatten(v, leaves) for v in x])
     raise TypeError(f"cannot export a search step that returns {type(x).__name__}")
+
+
+def _encode(structure):
+    """:func:`_flatten`'s structure as JSON: its types by name."""
+    if structure is None or structure == "tensor":
+        return structure
+    if structure[0] == "state":
+        return ["state", _type_name(structure[1]), structure[2], structure[3]]
+    return ["tuple", _type_name(structure[1]), [_encode(p) for p in structure[2]]]
+
+
+def _decode(record):
+    """The structure :func:`_encode` wrote (a type named there that is not attnkit's own is refused)."""
+    if record is None or record == "tensor":
+        return record
+    if record[0] == "state":
+        return ("state", _named_type(record[1]), int(record[2]), int(record[3]))
+    if record[0] == "tuple":
+        return ("tuple", _named_type(record[1]), [_decode(p) for p in record[2]])
+    raise ValueError(f"an unknown structure {record[0]!r}")
 
 
 def _unflatten(structure, leaves):

@@ -27,7 +27,7 @@ from attnkit.models.contract import DecodingState, device_of
 
 
 def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
-                 ahead_of_time: bool = False, check: bool = True) -> CompiledDecoder:
+                 ahead_of_time: bool = False, check: bool = True, cache: bool = False) -> CompiledDecoder:
     """A decoder of ``model`` (a model of the contract or a :class:`FastDecoder`) whose ``encode``, ``init_state``,
     ``step`` and search steps are compiled with ``torch.compile``, for inference (CPU or GPU). The decoder holds a
     copy of the model, prepared for inference: the model itself is left as it was.
@@ -46,10 +46,13 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
       torch.compile runs around each call.
     * ``check``: each search step is checked against the eager one on the first real batches, and kept only if
       it gives the same outputs and is faster (:class:`CheckedStep`); without, the compiled steps always run.
+    * ``cache``: the ahead-of-time packages are kept in, and later loaded from, the user's cache
+      (:func:`attnkit.fast.aot.cache_directory`), so that only the first process to decode with a model
+      compiles them.
 
     What each of these gains, measured on which machine, is in docs/performance.md.
     """
-    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time, check)
+    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time, check, cache)
 
 
 def greedy_search_step(step, tokens: Tensor, state, limits: Tensor, t: int, need_weights: bool = False):
@@ -68,7 +71,7 @@ class CompiledDecoder(nn.Module):
     """A :class:`FastDecoder` over a copy of the model, with its functions compiled (:func:`compile_step`)."""
 
     def __init__(self, model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
-                 ahead_of_time: bool = False, check: bool = True):
+                 ahead_of_time: bool = False, check: bool = True, cache: bool = False):
         super().__init__()
         inner = model.model if isinstance(model, FastDecoder) else model
         inner = copy.deepcopy(inner).eval()
@@ -99,9 +102,10 @@ class CompiledDecoder(nn.Module):
         steps = {"greedy_step": greedy_search_step, "beam_step": beam_search_step}
         self._search_steps = {name: compile(partial(fn, eager_step)) for name, fn in steps.items()}
         if ahead_of_time:
-            from attnkit.fast.aot import AheadOfTimeStep
+            from attnkit.fast.aot import AheadOfTimeStep, cache_directory
 
-            self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name])
+            kept = cache_directory(inner, freeze=freeze, cpp_wrapper=cpp_wrapper) if cache else None
+            self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name], kept)
                                   for name, fn in steps.items()}
         if check:  # each compiled search step proves itself against the eager one on the first real batches
             self._search_steps = {name: CheckedStep(name, self._search_steps[name], partial(fn, eager_step))
