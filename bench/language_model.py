@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 from attnkit.checkpoint import load_checkpoint
@@ -91,7 +92,8 @@ def main() -> int:
         command=f"{args.train_command} && python bench/language_model.py --run-dir {args.run_dir}"
                 + (f" --checkpoint {args.checkpoint}" if args.checkpoint != "best" else "")
                 + (f" --strides {args.strides}" if args.strides else ""),
-        metrics=metrics, checkpoint=path.name, step=progress["step"],
+        metrics=metrics, checkpoint=path.name, step=progress["step"], epochs_completed=progress["epoch"],
+        config=tomllib.loads((run / "config.toml").read_text(encoding="utf-8")),
         train_minutes=round(progress["train_seconds"] / 60, 2),
         tokens_per_s=round(progress["train_tokens"] / max(progress["train_seconds"], 1e-9), 1),
         parameters=sum(p.numel() for p in model.parameters()), curve=curve(run),

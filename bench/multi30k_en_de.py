@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from attnkit.checkpoint import load_checkpoint
@@ -97,6 +98,7 @@ def main() -> int:
         wall_minutes_including_validation=None if wall is None else round(wall, 2),
         tokens_per_s=round(progress["train_tokens"] / progress["train_seconds"], 1),
         steps=progress["step"], epochs_completed=progress["epoch"],
+        config=tomllib.loads((run / "config.toml").read_text(encoding="utf-8")),
         checkpoint=chosen["checkpoint"], beam=args.beam, len_penalty=chosen["len_penalty"],
         selection_on_valid=selection, decode_seconds_test=round(seconds, 1),
         last_train_log=train_logs[-1] if train_logs else None,
