@@ -79,8 +79,9 @@ def main() -> int:
 
     metrics_log = read_metrics(run)
     train_logs = [r for r in metrics_log if "tokens_per_s" in r and "lr" in r]
-    meta = json.loads((path.resolve() / "meta.json").read_text())
-    progress = meta["progress"]
+    # the run's training, to its last checkpoint; the chosen checkpoint may be an earlier step
+    progress = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())["progress"]
+    chosen_step = json.loads((path.resolve() / "meta.json").read_text())["progress"]["step"]
     started, finished = run / "started", run / "finished"
     wall = None
     if started.exists() and finished.exists():
@@ -99,7 +100,8 @@ def main() -> int:
         tokens_per_s=round(progress["train_tokens"] / progress["train_seconds"], 1),
         steps=progress["step"], epochs_completed=progress["epoch"],
         config=tomllib.loads((run / "config.toml").read_text(encoding="utf-8")),
-        checkpoint=chosen["checkpoint"], beam=args.beam, len_penalty=chosen["len_penalty"],
+        checkpoint=chosen["checkpoint"], checkpoint_step=chosen_step, beam=args.beam,
+        len_penalty=chosen["len_penalty"],
         selection_on_valid=selection, decode_seconds_test=round(seconds, 1),
         last_train_log=train_logs[-1] if train_logs else None,
         launches=launches(run),

@@ -168,11 +168,12 @@ def block_translation(results: dict) -> str:
                 signatures[what].add(m[key])
         chosen = [s for s in r.get("selection_on_valid", []) if s.get("checkpoint") == r.get("checkpoint")
                   and s.get("len_penalty") == r.get("len_penalty")]
-        valid = f" ({number(chosen[0]['valid_bleu'])})" if chosen else ""
+        step = f"step {number(r['checkpoint_step'], 0)}, " if r.get("checkpoint_step") is not None else ""
+        valid = f" ({step}{number(chosen[0]['valid_bleu'])})" if chosen else ""
         training = [counted(minutes(r), "training minutes"), counted(number(r.get("steps"), 0), "steps"),
                     counted(epochs(r), "epochs"), counted(number(r.get("tokens_per_s"), 0), "target tokens/s"),
                     counted(minutes(r, "wall_minutes_including_validation"), "wall minutes with validation")]
-        if r.get("launches"):
+        if len(r.get("launches") or []) > 1:
             training.append(f"{len(r['launches'])} launches (resumed with `--resume`)")
         cells = [f"{label} (`{target}`)", number(m.get("bleu"), bold=True),
                  *([number(m.get("paper_bleu"))] if papers else []), *([_bleu_target(m)] if targets else []),
