@@ -16,6 +16,7 @@
 #              (20 training minutes each), tabled with MiniLM fine-tuned and frozen
 # make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
+# make flickr8k-transformer — the Transformer captioner on the same grids, then its JSON
 # make wheel-check — build the wheel, install it with torch==2.13.0 into a fresh python3.11 venv, run attnkit
 #              --version and a 30-step demo from it (part of make test; a few minutes, mostly installing torch)
 # make threads-demo — demo training steps/s with one core held busy: torch's default threads against attnkit's
@@ -34,7 +35,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
 
-.PHONY: serve demo test results multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
+.PHONY: serve demo test results multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -126,14 +127,17 @@ results:
 complexity: $(STAMP)
 	$(VENV)/bin/attnkit bench complexity
 
-FLICKR8K_TRAIN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/flickr8k_sat.toml --run-dir runs/flickr8k_sat
-flickr8k: $(STAMP) java
-	mkdir -p runs/flickr8k_sat && date +%s > runs/flickr8k_sat/started
+FLICKR8K_TRAIN = OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/$(1).toml --run-dir runs/$(1)
+FLICKR8K_CONFIG_flickr8k := flickr8k_sat
+FLICKR8K_CONFIG_flickr8k-transformer := flickr8k_transformer
+flickr8k flickr8k-transformer: $(STAMP) java
+	mkdir -p runs/$(FLICKR8K_CONFIG_$@) && date +%s > runs/$(FLICKR8K_CONFIG_$@)/started
 	$(RUN) $(PY) bench/extract_flickr8k_features.py --cache-dir runs/features --threads 2
-	date +%s > runs/flickr8k_sat/extracted
-	$(RUN) $(FLICKR8K_TRAIN)
-	date +%s > runs/flickr8k_sat/finished
-	$(RUN) $(PY) bench/flickr8k_captioning.py --run-dir runs/flickr8k_sat --train-command "$(FLICKR8K_TRAIN)"
+	date +%s > runs/$(FLICKR8K_CONFIG_$@)/extracted
+	$(RUN) $(call FLICKR8K_TRAIN,$(FLICKR8K_CONFIG_$@))
+	date +%s > runs/$(FLICKR8K_CONFIG_$@)/finished
+	$(RUN) $(PY) bench/flickr8k_captioning.py --run-dir runs/$(FLICKR8K_CONFIG_$@) \
+		--train-command "$(call FLICKR8K_TRAIN,$(FLICKR8K_CONFIG_$@))"
 
 LM_CONFIG_tinyshakespeare := tinyshakespeare_char
 LM_CONFIG_wikitext2 := wikitext2_word

@@ -1,10 +1,13 @@
 """Decoding at each precision, side by side on the same weights: attnkit fp32, bf16 and int8 (the precisions this
-CPU has the instructions for; ``attnkit translate --precision``) against CTranslate2 ``float32`` and ``int8`` on
-the same exported checkpoint, greedy and beam 5, batches of 1 and 64 sentences of the test_2016_flickr source,
-one thread each, taking turns in four rounds (:func:`translate_throughput.run`). BLEU of every run, cased
-sacreBLEU and, where attnkit.evaluate has it, the papers' BLEU (lowercased, Moses-tokenised).
+CPU has the instructions for; ``attnkit translate --precision``), each as the command line decodes by default
+(compiled: the search steps ahead of time, the encoder by torch.compile, the weights frozen) and attnkit fp32
+eager (``--no-compile``), against CTranslate2 ``float32`` and ``int8`` on the same exported checkpoint, greedy and
+beam 5, batches of 1 and 64 sentences of the test_2016_flickr source, one thread each, taking turns in four rounds
+(:func:`translate_throughput.run`; the first batch of each cell untimed, which compiles). BLEU of every run, cased
+sacreBLEU and the papers' BLEU (lowercased, Moses-tokenised).
 
     python bench/decode_precision.py --checkpoint runs/multi30k_en_de   # -> bench/results/decode_precision.json
+    python bench/decode_precision.py --no-compile                       # attnkit eager at every precision
 
 Targets: each attnkit precision's BLEU within 0.3 of fp32's; attnkit fp32 >= CTranslate2 float32 and attnkit
 int8 >= CTranslate2 int8 in every cell.
@@ -43,6 +46,8 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, default=0, help="the first N test sentences (0: all 1000)")
     ap.add_argument("--batch1-sentences", type=int, default=200, help="of those, how many the batch-1 cells decode")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="attnkit decodes eagerly at every precision (default: compiled, as by default)")
     ap.add_argument("--out", default="bench/results/decode_precision.json")
     args = ap.parse_args()
     keep_freed_memory()
@@ -62,7 +67,12 @@ def main() -> int:
     systems: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
-        decoders = {f"attnkit_{p}": attnkit_decoder(fast.decoder(model, precision=p)) for p in precisions}
+        # compiled as attnkit.load(...).translate and the command line compile by default, packages kept in the
+        # user's cache (a second run of this bench loads them)
+        options = {"compile": True, "freeze": True, "ahead_of_time": True, "cache": True} if args.compile else {}
+        decoders = {f"attnkit_{p}": attnkit_decoder(fast.decoder(model, precision=p, **options)) for p in precisions}
+        if args.compile:
+            decoders["attnkit_fp32_eager"] = attnkit_decoder(fast.decoder(model))
         decoders |= {"ctranslate2_float32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),
                      "ctranslate2_int8": ct2_decoder(ct2.translator(ct2_dir, "int8", args.threads), toks)}
         systems = {name: {} for name in decoders}
@@ -105,6 +115,7 @@ def main() -> int:
                                                          - systems["attnkit_fp32"][label]["bleu"], 2)
                                    for p in precisions[1:] for label in labels if "batch64" in label},
                "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))),
+               "attnkit": "compiled, as by default" if args.compile else "eager (--no-compile)",
                "targets": {"bleu_within": 0.3, "over_ctranslate2": 1.0}}
     print("ratios:", ratios)
     print("BLEU - fp32 BLEU:", metrics["bleu_minus_fp32"])

@@ -83,10 +83,11 @@ def _free_port() -> int:
 
 
 def start_server(models: dict[str, Path], log: Path) -> tuple[subprocess.Popen, str]:
-    """``attnkit serve name=run ...`` on a free loopback port, once /health answers ok."""
+    """``attnkit serve name=run ...`` on a free loopback port, once /health answers ok; eager (``--no-compile``): a
+    picture needs no speed, and the start no compiler's minute."""
     port = _free_port()
     cmd = [sys.executable, "-m", "attnkit", "serve", *(f"{name}={path}" for name, path in models.items()),
-           "--port", str(port), "--timeout", "120"]
+           "--port", str(port), "--timeout", "120", "--no-compile"]
     path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     with open(log, "wb") as out:

@@ -62,7 +62,7 @@ def start_server(cmd: list[str], env: dict, name: str) -> subprocess.Popen:
     """``cmd`` (an ``attnkit serve`` on 127.0.0.1 and ``--port``) started, once its port accepts connections."""
     port = int(cmd[cmd.index("--port") + 1])
     server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a Transformer's first start on a machine compiles its steps (minutes)
     while True:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):

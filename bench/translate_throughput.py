@@ -1,8 +1,8 @@
 """Translation throughput side by side on the same weights: attnkit, Hugging Face ``generate`` (the
 MarianMTModel export) and CTranslate2 (fp32, and int8 as a reference), greedy and beam 5, batches of 1
-and 64 sentences of the test_2016_flickr source; attnkit also compiled, as ``attnkit translate --compile``
-does (the search steps ahead of time by AOTInductor, the encoder by torch.compile; the first batch of each run,
-untimed, pays the compilation).
+and 64 sentences of the test_2016_flickr source; attnkit eager (``--no-compile``) and compiled, as ``attnkit
+translate`` decodes a Transformer by default (the search steps ahead of time by AOTInductor, the encoder by
+torch.compile; the first batch of each run, untimed, pays the compilation).
 
 Every system decodes the same sentences, sorted by length and cut into the same batches, within
 attnkit's length limit (``max_len_a * source + max_len_b``; per sentence for attnkit, the batch's
@@ -139,7 +139,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         hf = load_marian(export_huggingface(path, Path(tmp) / "marian"))
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
-        # attnkit compiled, on copies of the model, as ``attnkit translate --compile`` does: the search steps ahead
+        # attnkit compiled, on copies of the model, as ``attnkit translate`` does by default: the search steps ahead
         # of time (AOTInductor), the encoder by torch.compile, frozen unless one sentence is decoded greedily
         one_row = attnkit_decoder(compile_step(model, ahead_of_time=True))
         frozen = attnkit_decoder(compile_step(model, freeze=True, ahead_of_time=True))
@@ -147,7 +147,7 @@ def main() -> int:
         def compiled(src, lens, beam, len_penalty):
             return (one_row if beam == 1 and src.size(0) == 1 else frozen)(src, lens, beam, len_penalty)
 
-        decoders = {"attnkit": attnkit_decoder(fast.decoder(copy.deepcopy(model))),  # as `attnkit translate` runs
+        decoders = {"attnkit": attnkit_decoder(fast.decoder(copy.deepcopy(model))),  # `attnkit translate --no-compile`
                     "attnkit_compiled": compiled,
                     "huggingface": hf_decoder(hf),
                     "ctranslate2_fp32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),

@@ -21,6 +21,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _CACHE = tempfile.mkdtemp(prefix="attnkit-test-cache-")
 os.environ["ATTNKIT_CACHE"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+# translation models decode eagerly unless a test asks for compiling: each tiny model would compile for tens of
+# seconds (tests/test_end_to_end.py checks the default, compiled then loaded from the cache)
+os.environ["ATTNKIT_COMPILE"] = "0"
 
 from attnkit.config import ExperimentConfig, TransformerConfig
 from attnkit.data import generate_dates, resolve_data_dir

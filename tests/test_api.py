@@ -216,3 +216,38 @@ def test_loading_imports_no_training_and_import_no_torch(trained_checkpoint):
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = _python("import attnkit, sys; assert 'torch' not in sys.modules, 'torch imported'")
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_translation_models_compile_on_first_decoding_by_default(trained_checkpoint, monkeypatch):
+    """``attnkit.load``: a Transformer translation model is compiled when it first decodes (not on loading, nor for
+    its attention maps), unless ``compile=False`` or ATTNKIT_COMPILE=0; a language model decodes eagerly unless
+    asked; a bad ATTNKIT_COMPILE is one line naming it."""
+    from attnkit.api import Model
+    from attnkit.config import PRESETS, LMConfig
+    from attnkit.fast import compiles_by_default
+    from attnkit.models import build_model
+    from conftest import make_model
+
+    compiled = []
+    monkeypatch.setattr(Model, "compile", lambda self, **kw: compiled.append(self) or
+                        setattr(self, "_compile_on_first_use", False) or self)
+    monkeypatch.setenv("ATTNKIT_COMPILE", "1")
+    model = attnkit.load(trained_checkpoint)
+    model.attention("1 May 2001")
+    assert compiled == []
+    model.translate("1 May 2001")
+    model.translate("2 May 2001")
+    assert compiled == [model]  # once
+    attnkit.load(trained_checkpoint, compile=False).translate("1 May 2001")
+    monkeypatch.setenv("ATTNKIT_COMPILE", "0")
+    attnkit.load(trained_checkpoint).translate("1 May 2001")
+    assert compiled == [model]
+    attnkit.load(trained_checkpoint, compile=True).translate("1 May 2001")
+    assert len(compiled) == 2
+
+    monkeypatch.setenv("ATTNKIT_COMPILE", "1")
+    assert compiles_by_default(make_model())
+    assert not compiles_by_default(build_model(LMConfig(**PRESETS["lm_tiny"]), 0, 30))
+    monkeypatch.setenv("ATTNKIT_COMPILE", "yes")
+    with pytest.raises(AttnkitError, match=r"^ATTNKIT_COMPILE='yes': expected 0 .* or 1$"):
+        compiles_by_default(make_model())

@@ -53,8 +53,8 @@ beam_size = 4
 """
 
 
-def _attnkit(*args, cwd):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+def _attnkit(*args, cwd, **env_changes):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **env_changes}
     proc = subprocess.run([sys.executable, "-m", "attnkit", *map(str, args)], capture_output=True, text=True,
                           check=False, cwd=cwd, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -93,12 +93,18 @@ def test_train_translate_evaluate(tmp_path, data_dir):
     assert len(translations) == 5
     assert all(t.strip() for t in translations)
     assert translations != val.src[:5]
-    # --compile (five sentences: the search steps ahead of time, the encoder frozen) translates as eager decoding does
-    greedy, compiled = tmp_path / "greedy.de", tmp_path / "compiled.de"
-    for out_file, extra in ((greedy, []), (compiled, ["--compile"])):
-        _attnkit("translate", "--checkpoint", run, "--input", few, "--output", out_file, "--beam", "1", *extra,
-                 cwd=tmp_path)
-    assert read_lines(compiled) == read_lines(greedy)
+    # By default a Transformer translates compiled (five sentences: the search steps ahead of time, the encoder
+    # frozen), as --no-compile's eager decoding does: the first run compiles the steps into the user's cache, saying
+    # so in one line; the next loads them, silently
+    eager, compiled, again = tmp_path / "eager.de", tmp_path / "compiled.de", tmp_path / "again.de"
+    runs = {}
+    for out_file in (eager, compiled, again):
+        extra = ["--no-compile"] if out_file == eager else []
+        runs[out_file] = _attnkit("translate", "--checkpoint", run, "--input", few, "--output", out_file, "--beam",
+                                  "1", *extra, cwd=tmp_path, ATTNKIT_COMPILE="1").stderr
+    assert read_lines(compiled) == read_lines(again) == read_lines(eager)
+    assert "attnkit: compiling the greedy_search_step ahead of time" in runs[compiled]
+    assert "attnkit: compiling" not in runs[again] + runs[eager]
 
     # evaluate 100 validation sentences
     hyps_file, scores_file = tmp_path / "hyps.de", tmp_path / "scores.json"

@@ -107,9 +107,26 @@ def test_lower_precision_decodes_close_to_fp32_and_leaves_the_model_alone(model,
         assert all(p.dtype == torch.bfloat16 for p in low.model.parameters())
 
 
-def test_compiled_decoding_at_a_lower_precision_is_refused_in_one_line(model):
-    with pytest.raises(AttnkitError, match="precision: compiled decoding is fp32"):
-        fast.decoder(model, compile=True, precision="int8")
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@torch.no_grad()
+def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(model, src, precision):
+    """``--compile --precision``: the search steps compiled ahead of time over the model at that precision (int8's
+    integer products included) choose what the same precision's eager steps choose; the steps are not checked
+    against eager ones here (``check=False``), so the compiled graphs are what decodes."""
+    from attnkit.fast.aot import AheadOfTimeStep
+
+    if not runs_here(precision):
+        pytest.skip(f"this CPU has none of {NEEDS[precision]}")
+    eager = fast.decoder(model, precision=precision)
+    compiled = fast.decoder(model, compile=True, precision=precision, freeze=True, ahead_of_time=True, check=False)
+    lens = max_lengths(src.ne(PAD).sum(1), 1.0, 4)
+    for batch in (src[:1], src):  # the first makes the graphs (eagerly), the second runs them on 8 sentences
+        ours = greedy(compiled, compiled.init_state(compiled.encode(batch)), lens[: len(batch)])
+        theirs = greedy(eager, eager.init_state(eager.encode(batch)), lens[: len(batch)])
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs], precision
+    step = compiled.search_steps()["greedy_step"]
+    assert isinstance(step, AheadOfTimeStep) and len(step.packages) == 2 and all(step.packages.values())
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

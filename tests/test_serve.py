@@ -382,3 +382,28 @@ def test_serve_command_refuses_public_binding_without_key_and_enforces_the_key(t
     finally:
         proc.terminate()
         proc.communicate(timeout=20)
+
+
+def test_serve_compiles_translation_models_before_the_first_request_unless_told_not_to(trained_checkpoint,
+                                                                                        monkeypatch, capsys):
+    """``attnkit serve``'s start: by default (ATTNKIT_COMPILE=1) a Transformer translation model is compiled and
+    warmed up on greedy and its checkpoint's beam before uvicorn answers anyone, and says so; ``--no-compile``
+    (settings.compile False) and ATTNKIT_COMPILE=0 leave it eager; ``--compile`` compiles whatever the default."""
+    import attnkit.serve.server as server
+    from attnkit.api import Model
+    from attnkit.checkpoint import read_config
+    from attnkit.serve import Settings
+
+    events = []
+    monkeypatch.setattr(Model, "compile", lambda self, **kw: events.append(("compile", self.family)) or self)
+    monkeypatch.setattr(Model, "translate", lambda self, sentences, beam=None, **kw:
+                        events.append(("translate", beam, tuple(sentences))) or ["" for _ in sentences])
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: events.append(("run", kw["host"])))
+    beam = read_config(trained_checkpoint).decode.beam_size
+    for switch, compile, compiled in (("1", None, True), ("1", False, False), ("0", None, False), ("0", True, True)):
+        monkeypatch.setenv("ATTNKIT_COMPILE", switch)
+        events.clear()
+        assert server.serve([f"dates={trained_checkpoint}"], Settings(port=free_port(), compile=compile)) == 0
+        expected = [("compile", "transformer"), *(("translate", b, ("a", "a a a")) for b in sorted({1, beam}))]
+        assert events == [*(expected if compiled else []), ("run", "127.0.0.1")], (switch, compile)
+        assert ("compiled, decoding in fp32" in capsys.readouterr().err) == compiled

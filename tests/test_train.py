@@ -25,6 +25,7 @@ from attnkit.config import (
     TransformerCaptionerConfig,
     TransformerConfig,
     load_config,
+    validate,
 )
 from attnkit.data import generate_dates, load_tokenizers, token_batches
 from attnkit.errors import AttnkitError
@@ -339,6 +340,40 @@ def test_cosine_reaches_min_lr_at_max_steps():
     assert math.isclose(learning_rate(110, cfg, 256), 1e-5, rel_tol=1e-12)
     assert math.isclose(learning_rate(500, cfg, 256), 1e-5, rel_tol=1e-12)
     assert all(learning_rate(s, cfg, 256) > learning_rate(s + 1, cfg, 256) for s in range(10, 110))
+
+
+def test_a_fitted_schedule_ends_with_the_time_budget_and_is_kept_for_a_resume(tmp_path, dates_pairs, monkeypatch):
+    """``train.fit_schedule``: on a machine where an update takes one second (a clock that moves only while the
+    model trains), a 1-minute budget and 10 warmup steps: the speed measured over steps 5 to 10 puts the cosine's
+    last step at 10 + floor(0.97 * 50 s / 1 s) = 58, where the learning rate reaches min_lr and the run ends (before
+    the budget), whatever max_steps says; the checkpoint keeps that step. Without a budget it is one line."""
+    import attnkit.train.trainer as trainer_module
+
+    clock = [0.0]
+    monkeypatch.setattr(trainer_module, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0]),
+                                                                    "strftime": staticmethod(lambda f: "now")}))
+    update = Trainer._update
+
+    def one_second(self, *args):
+        clock[0] += 1.0
+        return update(self, *args)
+
+    monkeypatch.setattr(Trainer, "_update", one_second)
+    cfg = tiny_experiment(schedule="cosine", lr=1e-3, min_lr=1e-5, warmup_steps=10, max_steps=1000, max_minutes=1,
+                          fit_schedule=True, log_every=1)
+    trainer = Trainer(cfg, tmp_path / "run", train_pairs=dates_pairs, valid_pairs=generate_dates(10, seed=1))
+    trainer.train()
+    records = read_metrics(tmp_path / "run")
+    assert {"step": 10, "schedule_steps": 58} in records
+    lrs = {r["step"]: r["lr"] for r in records if "lr" in r}
+    assert trainer.progress.step == max(lrs) == 58 and trainer.progress.train_seconds == 58.0
+    assert all(math.isclose(lrs[s], learning_rate(s, cfg.train, 0, 58), rel_tol=1e-12) for s in lrs)
+    assert math.isclose(lrs[58], 1e-5) and math.isclose(lrs[10], 1e-3)
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "last" / "meta.json").read_text())
+    assert meta["progress"]["schedule_steps"] == 58
+
+    with pytest.raises(AttnkitError, match=r"^config: train.fit_schedule = true fits .* train.max_minutes, "):
+        validate(tiny_experiment(fit_schedule=True))
 
 
 def test_constant_only_warms_up():

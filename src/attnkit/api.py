@@ -64,14 +64,21 @@ class Model:
     one WordPiece tokenizer.
     """
 
-    def __init__(self, module, config, tokenizers, path: Path, precision: str = "fp32"):
+    def __init__(self, module, config, tokenizers, path: Path, precision: str = "fp32", compile: bool | None = None):
         from attnkit import fast
         from attnkit.models.contract import GenerativeModel
 
         self.module, self.config, self.tokenizers, self.path = module, config, tokenizers, Path(path)
         self.precision = precision
         self.generative = isinstance(module, GenerativeModel)
-        self.decoder = fast.decoder(module, precision=precision) if self.generative else None
+        # the module's own decoder (fp32, eager, over the module itself, which interventions reach) draws the
+        # attention; what translates may be a copy, at a lower precision or compiled
+        self._own_decoder = fast.decoder(module) if self.generative else None
+        self._decoder = self._own_decoder if precision == "fp32" or not self.generative else \
+            fast.decoder(module, precision=precision)
+        # compiled when first asked to decode, not on loading: a model loaded to draw its attention compiles nothing
+        self._compile_on_first_use = self.generative and (fast.compiles_by_default(module) if compile is None
+                                                          else compile)
         # what classifies: a copy with the fast runtime's attention, at the precision asked for (the module itself,
         # the core's, draws the attention and the explanations)
         self.classifier = None if self.generative else fast.classifier(module, precision)
@@ -105,6 +112,14 @@ class Model:
         column) or single sentences."""
         return registry.reads_pairs(self.config)
 
+    @property
+    def decoder(self):
+        """The decoder that translates, generates and captions (the fast runtime's, see :func:`attnkit.fast.decoder`;
+        None for a classifier), compiled on this first use where the model compiles (:func:`load`)."""
+        if self._compile_on_first_use:
+            self.compile()
+        return self._decoder
+
     def compile(self, ahead_of_time: bool = True, freeze: bool = True, cache: bool = True) -> Model:
         """Compile the decoding steps (a minute or so the first time, then faster; see docs/performance.md); with
         ``cache`` the steps compiled ahead of time are kept in the user's cache and loaded from there by the next
@@ -113,8 +128,9 @@ class Model:
 
         if not self.generative:
             raise AttnkitError(f"a {self.family} model decodes nothing to compile")
-        self.decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
-                                    ahead_of_time=ahead_of_time, cache=cache)
+        self._compile_on_first_use = False
+        self._decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
+                                     ahead_of_time=ahead_of_time, cache=cache)
         return self
 
     # --- what a family can do
@@ -223,7 +239,7 @@ class Model:
                 if self.source == "tokens":
                     self._check_lengths([source])
                 if target is None:
-                    target = self.caption(source) if self.source == "image" else self.translate(source)
+                    target = self._own_output(source)
                 ids = self._target_ids(target)
                 src, tgt_in = self._source(source), torch.tensor([[BOS] + ids])
                 source_tokens = self._source_tokens(source)
@@ -232,6 +248,20 @@ class Model:
         return Attention(source_tokens, ["<s>"] + self._pieces(ids), [w[0] for w in maps.encoder if w is not None],
                          [w[0] for w in maps.decoder if w is not None], [w[0] for w in maps.cross if w is not None],
                          target, -float(out.nll))
+
+    def _own_output(self, source) -> str:
+        """The output the module itself decodes for ``source`` (a sentence or an image file), with the checkpoint's
+        beam: the model the attention maps are drawn from, interventions included."""
+        from attnkit.decode import caption, translate
+
+        d = self.config.decode
+        if self.source == "image":
+            out = caption(self._own_decoder, self.tokenizers, self.image_grids([source]), beam_size=d.beam_size,
+                          len_penalty=d.len_penalty, max_len=d.max_caption_len)
+        else:
+            out = translate(self._own_decoder, self.tokenizers, [source], beam_size=d.beam_size,
+                            len_penalty=d.len_penalty, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+        return out[0].text[0]
 
     def _classifier_attention(self, text: str, pair: str | None, mask_heads, mask_source) -> Attention:
         from attnkit.data.wordpiece import collate_sentences
@@ -440,13 +470,15 @@ class Model:
         return self.tokenizers.src.pieces(source) + ["</s>"]
 
 
-def load(path: str | Path, precision: str = "fp32") -> Model:
+def load(path: str | Path, precision: str = "fp32", compile: bool | None = None) -> Model:
     """The model of a run directory (its best checkpoint, else averaged, else last) or of a checkpoint directory,
     verified and in eval mode. ``precision`` ("fp32", "bf16", "int8") is what decoding (translate, generate,
     caption) computes in, where this machine has the instructions for it (else a one-line error); scores and
-    attention maps are computed in fp32."""
+    attention maps are computed in fp32. ``compile``: whether decoding is compiled (:meth:`Model.compile`), when the
+    model first decodes; by default a translation model whose steps compile ahead of time is
+    (:func:`attnkit.fast.compiles_by_default`): a minute on its first run on a machine, seconds after."""
     module, config, tokenizers, directory = load_checkpoint(path)
-    return Model(module, config, tokenizers, directory, precision)
+    return Model(module, config, tokenizers, directory, precision, compile)
 
 
 __all__ = ["Attention", "Model", "load"]

@@ -33,11 +33,16 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--len-penalty", type=float, default=None)
     p.add_argument("--batch-tokens", type=int, default=4000, help="source tokens per batch")
     p.add_argument("--n-best", type=int, default=1)
-    p.add_argument("--compile", action="store_true",
-                   help="compile the decoding steps ahead of time (AOTInductor) and the encoder (torch.compile): "
-                        "a minute the first time, then faster; the steps are kept in the user's cache "
-                        "($ATTNKIT_CACHE, else ~/.cache/attnkit), so later runs load them in seconds")
+    _add_compile_arg(p)
     _add_precision_arg(p)
+
+
+def _add_compile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the decoding steps ahead of time (AOTInductor) and the encoder (torch.compile): "
+                        "a minute on a model's first run on this machine, seconds after, as the steps are kept in "
+                        "the user's cache ($ATTNKIT_CACHE, else ~/.cache/attnkit). Default: compiled for the "
+                        "Transformer translation models, eager for the others (and for all with ATTNKIT_COMPILE=0)")
 
 
 def _add_precision_arg(p: argparse.ArgumentParser) -> None:
@@ -249,17 +254,20 @@ def _decode_options(args, cfg) -> dict:
 
 def _load_for_decoding(args, sentences: int, capability: str = "translate"):
     """The checkpoint of ``--checkpoint`` (one line and exit 2 unless its family can ``capability``) -> (its fast
-    decoder, config, tokenizers, checkpoint dir). With --compile the search steps are compiled ahead of time
-    (AOTInductor) and the encoder by torch.compile, the weights frozen unless one sentence is decoded greedily."""
+    decoder, config, tokenizers, checkpoint dir). Compiled (--compile, or by default where
+    :func:`~attnkit.fast.compiles_by_default`), the search steps run ahead of time (AOTInductor) and the encoder
+    under torch.compile, the weights frozen unless one sentence is decoded greedily."""
     from attnkit.api import load
+    from attnkit.fast import compiles_by_default
 
     _check_decode_args(args)
-    model = load(args.checkpoint, precision=getattr(args, "precision", "fp32"))
+    model = load(args.checkpoint, precision=getattr(args, "precision", "fp32"), compile=False)
     if capability not in model.capabilities and "classify" in model.capabilities:
         raise AttnkitError(f"{args.checkpoint}: a {model.family} model cannot {capability}; it classifies "
                            "(attnkit classify, or attnkit evaluate --data FILE)")
     model.require(capability)
-    if getattr(args, "compile", False):
+    compile = getattr(args, "compile", None)
+    if compile or (compile is None and compiles_by_default(model.module)):
         beam = args.beam or model.config.decode.beam_size
         model.compile(freeze=beam > 1 or sentences > 1)
     return model.decoder, model.config, model.tokenizers, model.path
@@ -813,7 +821,7 @@ def cmd_serve(args) -> int:
     settings = Settings(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("ATTNKIT_API_KEY")
                         or None, max_wait_ms=args.max_wait_ms, max_batch_tokens=args.max_batch_tokens,
                         queue_size=args.queue_size, timeout=args.timeout, max_source_tokens=args.max_source_tokens,
-                        body_timeout=args.body_timeout, precision=args.precision)
+                        body_timeout=args.body_timeout, precision=args.precision, compile=args.compile)
     return serve(args.models, settings)
 
 
@@ -987,6 +995,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per source sentence; longer ones are answered 413 (default 256)")
     p.add_argument("--body-timeout", type=float, default=10.0,
                    help="seconds a request's body may take to arrive; then 408 (default 10)")
+    _add_compile_arg(p)
     _add_precision_arg(p)
     p.set_defaults(func=cmd_serve)
 

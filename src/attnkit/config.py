@@ -259,6 +259,9 @@ class TrainConfig:
     max_steps: int = 10000
     max_epochs: int = 0  # 0: no limit
     max_minutes: float = 0.0  # 0: no limit; a wall-clock budget for the training loop
+    # with max_minutes: the schedule's last step (cosine, linear) is where max_minutes end at the speed measured by
+    # the end of warmup, never past max_steps, and the run ends there; kept in checkpoints, so a resumed run keeps it
+    fit_schedule: bool = False
     lr: float = 7e-4
     schedule: str = "inverse_sqrt"  # noam | inverse_sqrt | cosine | linear | constant
     optimizer: str = "adam"  # adam (weight_decay as L2 in the gradient) | adamw (decoupled, Loshchilov & Hutter)
@@ -537,6 +540,9 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
         raise AttnkitError(f"{where}: model.lm_weight = {m.lm_weight} must be at least 0 (0: the task's loss alone)")
     if not 0.0 <= cfg.train.label_smoothing < 1.0:
         raise AttnkitError(f"{where}: train.label_smoothing = {cfg.train.label_smoothing} must be in [0, 1)")
+    if cfg.train.fit_schedule and not cfg.train.max_minutes:
+        raise AttnkitError(f"{where}: train.fit_schedule = true fits the schedule to train.max_minutes, which is 0 "
+                           "(no time budget)")
     for name in cfg.train.fast:
         if name not in FAST_TRICKS:
             raise AttnkitError(f"{where}: train.fast: {name!r} is not one of {', '.join(FAST_TRICKS)}")

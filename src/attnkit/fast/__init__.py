@@ -5,7 +5,8 @@
 * :class:`FastDecoder` decodes any model of the contract with beam-grouped cross-attention, cache reordering left
   to the next step and chunked ranking (:mod:`attnkit.fast.decoding`).
 * :func:`compile_step` compiles a decoder with ``torch.compile``, and its search steps ahead of time with
-  AOTInductor (:mod:`attnkit.fast.compile`, :mod:`attnkit.fast.aot`).
+  AOTInductor (:mod:`attnkit.fast.compile`, :mod:`attnkit.fast.aot`); :func:`compiles_by_default` says which
+  models the command line and :func:`attnkit.load` compile unless told not to.
 * :func:`keep_freed_memory` keeps freed memory for reuse (:mod:`attnkit.fast.memory`).
 * :func:`classifier` copies a classifier with the fused attention kernel, at fp32, bf16 or int8.
 * bf16 and int8 decoding and classifying, where the CPU has the instructions for them
@@ -17,6 +18,8 @@ search, never training. Importing this package does not import the compilers; :f
 """
 
 from __future__ import annotations
+
+import os
 
 from attnkit.fast.decoding import FastDecoder
 from attnkit.fast.memory import keep_freed_memory
@@ -34,14 +37,11 @@ def decoder(model, compile: bool = False, precision: str = "fp32", **options):
     """The fastest decoder of ``model`` this runtime offers: its decoding kernels installed, then a
     :class:`FastDecoder`, or with ``compile`` a compiled one (``options``: :func:`compile_step`'s). ``precision``
     "bf16" or "int8" decodes a copy of the model at that precision (:mod:`attnkit.fast.precision`), where this
-    machine has the instructions for it."""
+    machine has the instructions for it; compiled, each search step is then checked against the eager step at the
+    same precision."""
     if precision != "fp32":
-        from attnkit.errors import AttnkitError
         from attnkit.fast.precision import at_precision
 
-        if compile:
-            raise AttnkitError(f"precision: compiled decoding is fp32; {precision} decodes uncompiled "
-                               "(leave out --compile)")
         model = at_precision(model, precision)
     if compile:
         return compile_step(model, **options)
@@ -49,6 +49,20 @@ def decoder(model, compile: bool = False, precision: str = "fp32", **options):
     # runs some twenty of them
     use(model, "dropout16", "fused_attention", "decoding_attention")
     return FastDecoder(model)
+
+
+def compiles_by_default(model) -> bool:
+    """Whether ``model`` decodes compiled unless told otherwise (``--no-compile``, ``attnkit.load(...,
+    compile=False)``): a translation model whose search steps compile ahead of time (the grouped decoder state of the
+    Transformer families). Those packages are kept, so only a model's first run on a machine compiles, and each
+    compiled step is checked against the eager one on the first batches and dropped where slower or different
+    (docs/performance.md has the measurements). ``ATTNKIT_COMPILE=0`` makes eager decoding every model's default."""
+    from attnkit.errors import AttnkitError
+
+    switch = os.environ.get("ATTNKIT_COMPILE", "1")
+    if switch not in ("0", "1"):
+        raise AttnkitError(f"ATTNKIT_COMPILE={switch!r}: expected 0 (decode eagerly unless --compile) or 1")
+    return switch == "1" and "translate" in model.capabilities and FastDecoder(model).grouped
 
 
 def classifier(model, precision: str = "fp32"):
@@ -66,5 +80,5 @@ def classifier(model, precision: str = "fp32"):
     return use(fast, "dropout16", "fused_attention").eval()
 
 
-__all__ = ["TRAINING", "TRICKS", "FastDecoder", "classifier", "compile_step", "decoder", "keep_freed_memory",
-           "reference", "use"]
+__all__ = ["TRAINING", "TRICKS", "FastDecoder", "classifier", "compile_step", "compiles_by_default", "decoder",
+           "keep_freed_memory", "reference", "use"]

@@ -105,6 +105,9 @@ class AheadOfTimeStep:
     def _build(self, key: tuple, flat: list[Tensor], state) -> _Package | None:
         name = self._name(key)
         path = Path(self._directory.name) / f"{name}.pt2"
+        if self.cache is not None:  # the one wait a user would otherwise not understand
+            print(f"attnkit: compiling the {self.search_step.__name__} ahead of time (tens of seconds, once: later "
+                  f"runs load it from {self.cache})", file=sys.stderr, flush=True)
         try:
             package = _Package.build(self, flat, state, path)
         except Exception as e:  # noqa: BLE001 -- any failure to export or compile leaves torch.compile's graph

@@ -100,7 +100,8 @@ class CompiledDecoder(nn.Module):
         # greedy decoding and beam search compile the step with their choice of the next tokens (one graph, where the
         # choice alone was some 35 small eager operations a step); step itself serves sampling
         steps = {"greedy_step": greedy_search_step, "beam_step": beam_search_step}
-        self._search_steps = {name: compile(partial(fn, eager_step)) for name, fn in steps.items()}
+        self._search_steps = {name: _EagerForWeights(compile(partial(fn, eager_step)), partial(fn, eager_step))
+                              for name, fn in steps.items()}
         if ahead_of_time:
             from attnkit.fast.aot import AheadOfTimeStep, cache_directory
 
@@ -108,8 +109,11 @@ class CompiledDecoder(nn.Module):
             self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name], kept)
                                   for name, fn in steps.items()}
         if check:  # each compiled search step proves itself against the eager one on the first real batches
-            self._search_steps = {name: CheckedStep(name, self._search_steps[name], partial(fn, eager_step))
-                                  for name, fn in steps.items()}
+            # scores may differ by float rounding: a few units of the model's precision (bf16's is 2^-7)
+            dtype = next(inner.parameters()).dtype
+            tolerance = 1e-3 if dtype == torch.float32 else 4 * torch.finfo(dtype).eps
+            self._search_steps = {name: CheckedStep(name, self._search_steps[name], partial(fn, eager_step),
+                                                    tolerance=tolerance) for name, fn in steps.items()}
         self.encode = compile(self.decoder.encode)
         self.init_state = compile(self.decoder.init_state)
         self.step = compile(eager_step)
@@ -123,6 +127,21 @@ class CompiledDecoder(nn.Module):
     def search_steps(self) -> dict:
         return self._search_steps
 
+
+
+class _EagerForWeights:
+    """A compiled search step whose calls that return attention weights run ``eager`` instead: weights are asked for
+    to be looked at (the explorer, alignments), one sentence at a time, and a graph of their own would make the first
+    such request wait tens of seconds for its compiling."""
+
+    def __init__(self, compiled, eager):
+        self.compiled, self.eager = compiled, eager
+
+    def __call__(self, tokens, state, *args):
+        # a search step's arguments: its tensors, then t, then need_weights (and beam search's at_limit) if given
+        n = next((i for i, a in enumerate(args) if not isinstance(a, Tensor)), len(args))
+        need_weights = len(args) > n + 1 and args[n + 1]
+        return (self.eager if need_weights else self.compiled)(tokens, state, *args)
 
 
 class CheckedStep:

@@ -56,11 +56,21 @@ def _classifier(path: str) -> bool:
     return registry.family(read_config(resolve_checkpoint(path)).model.family).source == "sentences"
 
 
+def warm_up(model) -> None:
+    """Translate two short sentences greedily and with the checkpoint's beam, so that a compiled model has its
+    graphs (compiled, or loaded from the cache) before the first request, which would otherwise wait for them."""
+    if "translate" not in model.capabilities:
+        return
+    for beam in sorted({1, model.config.decode.beam_size}):
+        model.translate(["a", "a a a"], beam=beam)
+
+
 def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
     """Load the models of ``specs`` (``[NAME=]RUN_OR_CHECKPOINT``) and serve them until interrupted."""
     import uvicorn
 
     import attnkit
+    from attnkit.fast import compiles_by_default
     from attnkit.serve.app import create_app
 
     check_binding(settings)
@@ -68,9 +78,14 @@ def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
     for name, path in model_names(specs):
         classifier = _classifier(path)
         precision = "fp32" if classifier else settings.precision
-        model = attnkit.load(path, precision=precision)
+        model = attnkit.load(path, precision=precision, compile=False)
+        # compiled before the first request, which would otherwise wait for it (and time out)
+        compiled = model.generative and (compiles_by_default(model.module) if settings.compile is None
+                                         else settings.compile)
+        if compiled:
+            warm_up(model.compile())
         models[name] = model
-        doing = "computing" if classifier else "decoding"
+        doing = "computing" if classifier else "compiled, decoding" if compiled else "decoding"
         print(f"attnkit serve: {name}: {model.family} from {model.path} "
               f"({', '.join(sorted(model.capabilities))}; {doing} in {precision})", file=sys.stderr)
     app = create_app(models, settings)

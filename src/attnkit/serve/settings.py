@@ -25,6 +25,7 @@ class Settings:
     max_image_pixels: int = 25_000_000  # width x height of an image as its header declares it; more: 413
     body_timeout: float = 10.0  # seconds to receive a request's body once its headers are in; then 408
     precision: str = "fp32"  # what the models decode in (attnkit.fast.precision): fp32, bf16 or int8
+    compile: bool | None = None  # compile the models' decoding at start; None: attnkit.fast.compiles_by_default
 
 
 @dataclass

@@ -22,7 +22,7 @@ from attnkit.checkpoint import (
     verify_files,
     verify_model_config,
 )
-from attnkit.config import ExperimentConfig, check_positions, dump_toml
+from attnkit.config import ExperimentConfig, TrainConfig, check_positions, dump_toml
 from attnkit.data import Parallel, token_batches
 from attnkit.errors import AttnkitError
 from attnkit.fast import use
@@ -55,6 +55,7 @@ class Progress:
     best_score: float | None = None
     validations_since_best: int = 0  # early stopping (train.patience) counts these
     history: list[str] = field(default_factory=list)  # checkpoint directory names, oldest first
+    schedule_steps: int = 0  # the schedule's last step as train.fit_schedule set it (0: not fitted)
 
     # the progress bar: a run stops at max_steps or when train.max_minutes of training time are spent, whichever
     # comes first, so its ETA is the smaller of the two (a 100,000-step cap under a 60-minute budget is not 15 h)
@@ -548,6 +549,9 @@ class Trainer:
         src_lens, tgt_lens = self.task.lengths("train")
         per_update = t.update_freq * self.world  # batches consumed by one optimizer step, over all ranks
         total_steps = self.total_steps(src_lens, tgt_lens)  # max_steps, or where max_epochs ends first
+        if p.schedule_steps:  # fitted to the time budget by the run this one resumes
+            total_steps = min(total_steps, p.schedule_steps)
+        fit = FittedSchedule(t, p) if t.fit_schedule and t.max_minutes and not p.schedule_steps else None
         unit = self.task.unit
         bar = tqdm(total=p.expected_total(total_steps, t.max_minutes), initial=p.step,
                    disable=not t.progress or self.rank != 0, file=sys.stderr, dynamic_ncols=True,
@@ -556,7 +560,7 @@ class Trainer:
         start = time.monotonic() - p.train_seconds
         window_loss, window_tokens, window_start = 0.0, 0, p.train_seconds  # throughput over training time only
         scores: dict = {}
-        stop = p.step >= t.max_steps  # a run resumed at its last step trains no further
+        stop = p.step >= (p.schedule_steps or t.max_steps)  # a run resumed at its last step trains no further
         while not stop:
             if t.max_epochs and p.epoch >= t.max_epochs:
                 break
@@ -574,6 +578,10 @@ class Trainer:
                 p.train_seconds = time.monotonic() - start
                 window_loss += loss_sum
                 window_tokens += n_tokens
+                if fit is not None and fit.measure(p):
+                    p.schedule_steps = fit.steps(p, self.world)
+                    total_steps, fit = min(total_steps, p.schedule_steps), None
+                    self.log({"step": p.step, "schedule_steps": p.schedule_steps})
                 rate = (p.step - bar_from[0]) / max(p.train_seconds - bar_from[1], 1e-9)
                 bar.total = p.expected_total(total_steps, t.max_minutes, rate)
                 bar.update(1)
@@ -585,7 +593,7 @@ class Trainer:
                     bar.set_postfix(nll=f"{record['train_nll']:.3f}", per_s=f"{record[f'{unit}_per_s']:.0f}")
                     window_loss, window_tokens, window_start = 0.0, 0, p.train_seconds
                 out_of_time = bool(t.max_minutes) and p.train_seconds >= t.max_minutes * 60
-                stop = p.step >= t.max_steps or distributed.any_true(out_of_time, self.world)
+                stop = p.step >= (p.schedule_steps or t.max_steps) or distributed.any_true(out_of_time, self.world)
                 if stop or (t.eval_every and p.step % t.eval_every == 0):
                     scores = self.evaluate_and_save()
                     start = time.monotonic() - p.train_seconds  # validation time is not training time
@@ -611,6 +619,33 @@ class Trainer:
         distributed.barrier(self.world)
         return {"step": p.step, "epoch": p.epoch, "train_minutes": p.train_seconds / 60,
                 f"{unit}_per_s": p.train_tokens / max(p.train_seconds, 1e-9), **scores}
+
+
+class FittedSchedule:
+    """``train.fit_schedule``: the step where ``train.max_minutes`` of training end, measured once, so that a cosine
+    or linear schedule ends with the budget on whatever machine runs it (a fixed max_steps tuned on one CPU left
+    another's learning rate undecayed when its time ran out). The speed is measured over the second half of warmup
+    (at least steps 5 to 10: the first steps pay for start-up) and every rank takes the ranks' mean, so all agree.
+    The estimate keeps 3% of the budget in hand for checkpoints, whose writing counts as training time."""
+
+    MARGIN = 0.97
+
+    def __init__(self, t: TrainConfig, p: Progress):
+        self.t = t
+        self.at = max(t.warmup_steps, 10)  # learning rates up to here do not depend on the last step
+        self.start = None if p.step < self.at // 2 else (p.step, p.train_seconds)
+
+    def measure(self, p: Progress) -> bool:
+        """Called after each step: whether the speed is measured now (then :meth:`steps`)."""
+        if self.start is None and p.step >= self.at // 2:
+            self.start = (p.step, p.train_seconds)
+        return self.start is not None and p.step >= max(self.at, self.start[0] + 5)
+
+    def steps(self, p: Progress, world: int) -> int:
+        seconds_per_step = (p.train_seconds - self.start[1]) / (p.step - self.start[0])
+        left = max(self.t.max_minutes * 60 - p.train_seconds, 0.0) * self.MARGIN
+        estimate = distributed.all_sum(left / max(seconds_per_step, 1e-9), world) / world
+        return min(self.t.max_steps, p.step + max(int(estimate), 1))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
