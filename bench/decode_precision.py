@@ -1,6 +1,6 @@
 """Decoding at each precision, side by side on the same weights: attnkit fp32, bf16 and int8 (the precisions this
-CPU has the instructions for; ``attnkit translate --precision``), each as the command line decodes by default
-(compiled: the search steps ahead of time, the encoder by torch.compile, the weights frozen) and attnkit fp32
+CPU has the instructions for; ``attnkit translate --precision``), each compiled as the command line compiles
+by default for a server or a large file (the search steps ahead of time, the weights frozen) and attnkit fp32
 eager (``--no-compile``), against CTranslate2 ``float32`` and ``int8`` on the same exported checkpoint, greedy and
 beam 5, batches of 1 and 64 sentences of the test_2016_flickr source, one thread each, taking turns in four rounds
 (:func:`translate_throughput.run`; the first batch of each cell untimed, which compiles). BLEU of every run, cased
@@ -39,6 +39,26 @@ def paper_bleu_or_none(hypotheses: list[str], references: list[str], lang: str):
     return paper_bleu(hypotheses, references, lang)
 
 
+def steps_kept(decoder) -> dict[str, str]:
+    """A compiled decoder's search steps after decoding: "compiled" where the checked step kept its graphs, else
+    why it decodes with the eager step (its lowering failed, or it was slower or gave other outputs)."""
+    from attnkit.fast.aot import AheadOfTimeStep
+    from attnkit.fast.compile import CheckedStep
+
+    out = {}
+    for name, step in decoder.search_steps().items():
+        inner = step.compiled if isinstance(step, CheckedStep) else step
+        failed = isinstance(inner, AheadOfTimeStep) and any(p is None for p in inner.packages.values())
+        if failed:
+            out[name] = "eager: could not be compiled ahead of time"
+        elif isinstance(step, CheckedStep) and step.reason:
+            out[name] = f"eager: the compiled step {step.reason}"
+        else:
+            out[name] = "compiled" if not isinstance(step, CheckedStep) or step.chosen is step.compiled \
+                else "not decided (too few calls)"
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="runs/multi30k_en_de")
@@ -47,7 +67,7 @@ def main() -> int:
     ap.add_argument("--batch1-sentences", type=int, default=200, help="of those, how many the batch-1 cells decode")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-compile", dest="compile", action="store_false",
-                    help="attnkit decodes eagerly at every precision (default: compiled, as by default)")
+                    help="attnkit decodes eagerly at every precision (default: compiled, as --compile)")
     ap.add_argument("--out", default="bench/results/decode_precision.json")
     args = ap.parse_args()
     keep_freed_memory()
@@ -67,10 +87,12 @@ def main() -> int:
     systems: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
-        # compiled as attnkit.load(...).translate and the command line compile by default, packages kept in the
-        # user's cache (a second run of this bench loads them)
-        options = {"compile": True, "freeze": True, "ahead_of_time": True, "cache": True} if args.compile else {}
-        decoders = {f"attnkit_{p}": attnkit_decoder(fast.decoder(model, precision=p, **options)) for p in precisions}
+        # compiled as the command line and attnkit.load(...).translate compile (Model.compile): the search steps
+        # ahead of time, kept in the user's cache (a second run of this bench loads them), the encoder eager
+        options = {"compile": True, "freeze": True, "ahead_of_time": True, "cache": True, "encoder": False} \
+            if args.compile else {}
+        ours = {f"attnkit_{p}": fast.decoder(model, precision=p, **options) for p in precisions}
+        decoders = {name: attnkit_decoder(d) for name, d in ours.items()}
         if args.compile:
             decoders["attnkit_fp32_eager"] = attnkit_decoder(fast.decoder(model))
         decoders |= {"ctranslate2_float32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),
@@ -115,10 +137,14 @@ def main() -> int:
                                                          - systems["attnkit_fp32"][label]["bleu"], 2)
                                    for p in precisions[1:] for label in labels if "batch64" in label},
                "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))),
-               "attnkit": "compiled, as by default" if args.compile else "eager (--no-compile)",
+               "attnkit": "compiled (--compile, the default for a server or a large file)" if args.compile
+               else "eager (--no-compile)",
                "targets": {"bleu_within": 0.3, "over_ctranslate2": 1.0}}
     print("ratios:", ratios)
     print("BLEU - fp32 BLEU:", metrics["bleu_minus_fp32"])
+    if args.compile:  # what each compiled search step became: kept, or dropped for the eager step, and why
+        metrics["compiled_steps"] = {name: steps_kept(d) for name, d in ours.items()}
+        print("compiled steps:", metrics["compiled_steps"])
     write_results(args.out, "decode_precision", " ".join(["python", *sys.argv]), metrics, systems=systems,
                   ratios=ratios, checkpoint=str(path), sentences=n, batch1_sentences=min(n, args.batch1_sentences),
                   threads=args.threads)

@@ -254,7 +254,11 @@ def block_captioning(results: dict) -> str:
             continue
         m = r.get("metrics", {})
         scores = " / ".join(number(m.get(k)) for k in ("bleu1", "bleu2", "bleu3", "bleu4"))
-        training = [counted(minutes(r, "feature_extraction_minutes"), "minutes of grid extraction"),
+        # under a tenth of a minute: every grid was in the cache an earlier run filled
+        extraction = r.get("feature_extraction_minutes")
+        cached = isinstance(extraction, (int, float)) and extraction < 0.1
+        training = [f"grids read from the cache ({number(extraction, 2)} minutes)" if cached else
+                    counted(minutes(r, "feature_extraction_minutes"), "minutes of grid extraction"),
                     counted(minutes(r), "training minutes"), counted(number(r.get("steps"), 0), "steps"),
                     counted(epochs(r), "epochs"),
                     counted(minutes(r, "wall_minutes_including_feature_extraction"), "wall minutes in all")]
@@ -501,8 +505,15 @@ def block_decode_precision(results: dict) -> str:
                      + " |")
     lines.append("| BLEU, beam 5 (test) | " + " | ".join(number(get(systems, n, "beam5/batch64", "bleu"))
                                                      for n in names) + " |")
-    lines += ["", f"attnkit's columns decode {text(get(r, 'metrics', 'attnkit', default='eagerly'))}. "
-              "attnkit over CTranslate2 at the same precision, cell by cell (the target is at least 1.0x):", ""]
+    eager = " (attnkit_fp32_eager: eagerly, `--no-compile`)" if "attnkit_fp32_eager" in systems else ""
+    lines += ["", f"attnkit's precision columns decode {text(get(r, 'metrics', 'attnkit', default='eagerly'))}"
+              f"{eager}."]
+    kept = get(r, "metrics", "compiled_steps", default={})
+    if kept:
+        lines.append("Each compiled search step, checked against the eager one on the first batches: " + "; ".join(
+            f"{name}: " + ", ".join(f"{step} {text(how)}" for step, how in steps.items())
+            for name, steps in kept.items()) + ".")
+    lines += ["", "attnkit over CTranslate2 at the same precision, cell by cell (the target is at least 1.0x):", ""]
     ratios = r.get("ratios", {})
     pairs = [("fp32", "float32"), ("int8", "int8")]
     lines += ["| attnkit / CTranslate2 | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
@@ -577,8 +588,8 @@ def block_first_translation(results: dict) -> str:
     lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
              f"{number(r.get('threads'), 0)} thread; checkpoint `{text(_local(r.get('checkpoint')))}`; "
              f"{link('first_translation', '../bench/results/')}).", "",
-             "| seconds to the first translation | `--no-compile` | compiled (the default), cold cache | "
-             "compiled, warm cache | "
+             "| seconds to the first translation | `--no-compile` | `--compile`, cold cache | "
+             "`--compile`, warm cache | "
              "warm / cold | same translation |", "|---|---|---|---|---|---|"]
     for search, m in r.get("metrics", {}).items():
         lines.append(f"| {text(search)} | {number(m.get('eager'), 1)} | {number(m.get('compiled_cold'), 1)} | "

@@ -79,6 +79,11 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
         for batch in (src, one, src[1:3, :5]):
             _same(_decode(fast, batch, beam), _decode(model, batch, beam))
         assert len(aot.packages) == 2 and aot.fallback.calls == 0
+    # sealed, as a warmed-up server seals it: a beam size without graphs (2) runs the eager step, compiling nothing
+    # and never the fallback (whose torch.compile would compile too), with eager decoding's outputs
+    assert fast.seal() == ["greedy_step", "beam_step"]
+    _same(_decode(fast, src, 2), _decode(model, src, 2))
+    assert len(aot.packages) == 2 and aot.fallback.calls == 0
 
 
 @pytest.mark.slow
@@ -144,6 +149,28 @@ def test_packages_kept_in_the_cache_load_in_the_next_decoder_and_damaged_ones_ar
     other = copy.deepcopy(model)
     next(other.parameters()).add_(1.0)
     assert cache_directory(other) != cache_directory(model) == cache_directory(copy.deepcopy(model))
+
+
+@torch.no_grad()
+def test_a_step_whose_lowering_fails_runs_eagerly_and_says_so_once_a_kind(model, monkeypatch, capfd):
+    """Where AOTInductor cannot lower a step (it failed for the bf16 Multi30k model), that kind of step runs the
+    eager step, not torch.compile's graph in its place (which decoded at a tenth of eager's speed there), with one
+    warning line naming the step; outputs stay eager decoding's."""
+    from attnkit.fast.aot import _Package
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("LoweringException: AssertionError")
+
+    monkeypatch.setattr(_Package, "build", staticmethod(fails))
+    fast, fallbacks = _ahead_of_time(model)
+    src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
+    for beam in (1, 3):
+        for _ in range(2):
+            _same(_decode(fast, src, beam), _decode(model, src, beam))
+    assert fallbacks["greedy_step"].calls == fallbacks["beam_step"].calls == 0
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
+    assert len(warnings) == 4 and all("could not be compiled ahead of time (RuntimeError: LoweringException" in w
+                                      and w.endswith("decoding with the eager step") for w in warnings)
 
 
 def test_a_package_record_names_only_attnkit_types():

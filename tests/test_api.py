@@ -218,10 +218,12 @@ def test_loading_imports_no_training_and_import_no_torch(trained_checkpoint):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_translation_models_compile_on_first_decoding_by_default(trained_checkpoint, monkeypatch):
-    """``attnkit.load``: a Transformer translation model is compiled when it first decodes (not on loading, nor for
-    its attention maps), unless ``compile=False`` or ATTNKIT_COMPILE=0; a language model decodes eagerly unless
-    asked; a bad ATTNKIT_COMPILE is one line naming it."""
+def test_translation_models_compile_by_default_at_their_first_large_job(trained_checkpoint, monkeypatch):
+    """``attnkit.load``: a Transformer translation model compiles at its first ``translate`` of at least
+    COMPILE_PAYS_AT sentences (never on loading, nor for its attention maps), once; ``compile=True`` compiles at the
+    first decoding whatever its size, ``compile=False`` and ATTNKIT_COMPILE=0 never; a language model only when
+    asked; a server (no job size) compiles; a bad ATTNKIT_COMPILE is one line naming it."""
+    import attnkit.fast
     from attnkit.api import Model
     from attnkit.config import PRESETS, LMConfig
     from attnkit.fast import compiles_by_default
@@ -229,24 +231,28 @@ def test_translation_models_compile_on_first_decoding_by_default(trained_checkpo
     from conftest import make_model
 
     compiled = []
-    monkeypatch.setattr(Model, "compile", lambda self, **kw: compiled.append(self) or
-                        setattr(self, "_compile_on_first_use", False) or self)
+    monkeypatch.setattr(Model, "compile", lambda self, **kw: compiled.append(self) or setattr(self, "_compile", False)
+                        or self)
+    monkeypatch.setattr(attnkit.fast, "COMPILE_PAYS_AT", 3)
     monkeypatch.setenv("ATTNKIT_COMPILE", "1")
     model = attnkit.load(trained_checkpoint)
     model.attention("1 May 2001")
-    assert compiled == []
-    model.translate("1 May 2001")
-    model.translate("2 May 2001")
+    model.translate(["1 May 2001", "2 May 2001"])
+    assert compiled == []  # too few sentences to repay a compiled start
+    model.translate(["1 May 2001", "2 May 2001", "3 May 2001"])
+    model.translate(["1 May 2001", "2 May 2001", "3 May 2001"])
     assert compiled == [model]  # once
-    attnkit.load(trained_checkpoint, compile=False).translate("1 May 2001")
-    monkeypatch.setenv("ATTNKIT_COMPILE", "0")
-    attnkit.load(trained_checkpoint).translate("1 May 2001")
+    attnkit.load(trained_checkpoint, compile=False).translate(["1 May 2001"] * 3)
     assert compiled == [model]
     attnkit.load(trained_checkpoint, compile=True).translate("1 May 2001")
     assert len(compiled) == 2
+    monkeypatch.setenv("ATTNKIT_COMPILE", "0")
+    attnkit.load(trained_checkpoint).translate(["1 May 2001"] * 3)
+    assert len(compiled) == 2
 
     monkeypatch.setenv("ATTNKIT_COMPILE", "1")
-    assert compiles_by_default(make_model())
+    assert compiles_by_default(make_model()) and compiles_by_default(make_model(), 3)
+    assert not compiles_by_default(make_model(), 2)
     assert not compiles_by_default(build_model(LMConfig(**PRESETS["lm_tiny"]), 0, 30))
     monkeypatch.setenv("ATTNKIT_COMPILE", "yes")
     with pytest.raises(AttnkitError, match=r"^ATTNKIT_COMPILE='yes': expected 0 .* or 1$"):

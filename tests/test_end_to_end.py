@@ -93,13 +93,13 @@ def test_train_translate_evaluate(tmp_path, data_dir):
     assert len(translations) == 5
     assert all(t.strip() for t in translations)
     assert translations != val.src[:5]
-    # By default a Transformer translates compiled (five sentences: the search steps ahead of time, the encoder
-    # frozen), as --no-compile's eager decoding does: the first run compiles the steps into the user's cache, saying
-    # so in one line; the next loads them, silently
+    # --compile (five sentences: the search steps ahead of time, the weights frozen) translates as eager decoding
+    # does: the first run compiles the steps into the user's cache, saying so in one line; the next loads them,
+    # silently. Five sentences by default (too few to repay a compiled start) decode eagerly
     eager, compiled, again = tmp_path / "eager.de", tmp_path / "compiled.de", tmp_path / "again.de"
     runs = {}
     for out_file in (eager, compiled, again):
-        extra = ["--no-compile"] if out_file == eager else []
+        extra = [] if out_file == eager else ["--compile"]
         runs[out_file] = _attnkit("translate", "--checkpoint", run, "--input", few, "--output", out_file, "--beam",
                                   "1", *extra, cwd=tmp_path, ATTNKIT_COMPILE="1").stderr
     assert read_lines(compiled) == read_lines(again) == read_lines(eager)

@@ -387,7 +387,8 @@ def test_serve_command_refuses_public_binding_without_key_and_enforces_the_key(t
 def test_serve_compiles_translation_models_before_the_first_request_unless_told_not_to(trained_checkpoint,
                                                                                         monkeypatch, capsys):
     """``attnkit serve``'s start: by default (ATTNKIT_COMPILE=1) a Transformer translation model is compiled and
-    warmed up on greedy and its checkpoint's beam before uvicorn answers anyone, and says so; ``--no-compile``
+    warmed up on one sentence and two, greedy and at its checkpoint's beam, before uvicorn answers anyone, and says
+    so; ``--no-compile``
     (settings.compile False) and ATTNKIT_COMPILE=0 leave it eager; ``--compile`` compiles whatever the default."""
     import attnkit.serve.server as server
     from attnkit.api import Model
@@ -404,6 +405,8 @@ def test_serve_compiles_translation_models_before_the_first_request_unless_told_
         monkeypatch.setenv("ATTNKIT_COMPILE", switch)
         events.clear()
         assert server.serve([f"dates={trained_checkpoint}"], Settings(port=free_port(), compile=compile)) == 0
-        expected = [("compile", "transformer"), *(("translate", b, ("a", "a a a")) for b in sorted({1, beam}))]
+        expected = [("compile", "transformer"), *(("translate", b, sentences) for b in sorted({1, beam})
+                                                  for sentences in (("a a",), ("a", "a a a")))]
         assert events == [*(expected if compiled else []), ("run", "127.0.0.1")], (switch, compile)
-        assert ("compiled, decoding in fp32" in capsys.readouterr().err) == compiled
+        said = f"compiled for beam sizes {', '.join(map(str, sorted({1, beam})))} (others eager), decoding in fp32"
+        assert (said in capsys.readouterr().err) == compiled

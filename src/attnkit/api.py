@@ -76,9 +76,9 @@ class Model:
         self._own_decoder = fast.decoder(module) if self.generative else None
         self._decoder = self._own_decoder if precision == "fp32" or not self.generative else \
             fast.decoder(module, precision=precision)
-        # compiled when first asked to decode, not on loading: a model loaded to draw its attention compiles nothing
-        self._compile_on_first_use = self.generative and (fast.compiles_by_default(module) if compile is None
-                                                          else compile)
+        # compiled when first asked to decode (True), never (False), or by default (None) at the first translation
+        # job large enough to repay it; never on loading: a model loaded to draw its attention compiles nothing
+        self._compile = compile if self.generative else False
         # what classifies: a copy with the fast runtime's attention, at the precision asked for (the module itself,
         # the core's, draws the attention and the explanations)
         self.classifier = None if self.generative else fast.classifier(module, precision)
@@ -115,22 +115,24 @@ class Model:
     @property
     def decoder(self):
         """The decoder that translates, generates and captions (the fast runtime's, see :func:`attnkit.fast.decoder`;
-        None for a classifier), compiled on this first use where the model compiles (:func:`load`)."""
-        if self._compile_on_first_use:
+        None for a classifier), compiled on this first use if the model was loaded with ``compile=True``."""
+        if self._compile:
             self.compile()
         return self._decoder
 
-    def compile(self, ahead_of_time: bool = True, freeze: bool = True, cache: bool = True) -> Model:
+    def compile(self, ahead_of_time: bool = True, freeze: bool = True, cache: bool = True,
+                encoder: bool = False) -> Model:
         """Compile the decoding steps (a minute or so the first time, then faster; see docs/performance.md); with
         ``cache`` the steps compiled ahead of time are kept in the user's cache and loaded from there by the next
-        process that compiles this model. Returns self."""
+        process that compiles this model; ``encoder`` compiles the encoder too, anew in every process (seconds
+        each start; :func:`~attnkit.fast.compile_step`). Returns self."""
         from attnkit import fast
 
         if not self.generative:
             raise AttnkitError(f"a {self.family} model decodes nothing to compile")
-        self._compile_on_first_use = False
+        self._compile = False
         self._decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
-                                     ahead_of_time=ahead_of_time, cache=cache)
+                                     ahead_of_time=ahead_of_time, cache=cache, encoder=encoder)
         return self
 
     # --- what a family can do
@@ -141,10 +143,13 @@ class Model:
         returns :class:`~attnkit.decode.Translation` objects (n-best hypotheses with scores); ``sampling``:
         ``temperature``, ``top_k``, ``top_p``, ``seed``."""
         from attnkit.decode import translate
+        from attnkit.fast import compiles_by_default
 
         self.require("translate")
         one = isinstance(sentences, str)
         self._check_lengths([sentences] if one else sentences)
+        if self._compile is None and compiles_by_default(self.module, 1 if one else len(sentences)):
+            self.compile()
         d = self.config.decode
         penalty = d.len_penalty if len_penalty is None else len_penalty
         out = translate(self.decoder, self.tokenizers, [sentences] if one else list(sentences),
@@ -475,8 +480,8 @@ def load(path: str | Path, precision: str = "fp32", compile: bool | None = None)
     verified and in eval mode. ``precision`` ("fp32", "bf16", "int8") is what decoding (translate, generate,
     caption) computes in, where this machine has the instructions for it (else a one-line error); scores and
     attention maps are computed in fp32. ``compile``: whether decoding is compiled (:meth:`Model.compile`), when the
-    model first decodes; by default a translation model whose steps compile ahead of time is
-    (:func:`attnkit.fast.compiles_by_default`): a minute on its first run on a machine, seconds after."""
+    model first decodes; by default (None) a translation model whose steps compile ahead of time is compiled at its
+    first ``translate`` of enough sentences to repay it (:func:`attnkit.fast.compiles_by_default`)."""
     module, config, tokenizers, directory = load_checkpoint(path)
     return Model(module, config, tokenizers, directory, precision, compile)
 

@@ -41,8 +41,9 @@ def _add_compile_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the decoding steps ahead of time (AOTInductor) and the encoder (torch.compile): "
                         "a minute on a model's first run on this machine, seconds after, as the steps are kept in "
-                        "the user's cache ($ATTNKIT_CACHE, else ~/.cache/attnkit). Default: compiled for the "
-                        "Transformer translation models, eager for the others (and for all with ATTNKIT_COMPILE=0)")
+                        "the user's cache ($ATTNKIT_CACHE, else ~/.cache/attnkit). Default: a Transformer "
+                        "translation model compiles for a server or a file of 1000 sentences or more, which repay "
+                        "its start; others, and every model with ATTNKIT_COMPILE=0, decode eagerly")
 
 
 def _add_precision_arg(p: argparse.ArgumentParser) -> None:
@@ -255,8 +256,8 @@ def _decode_options(args, cfg) -> dict:
 def _load_for_decoding(args, sentences: int, capability: str = "translate"):
     """The checkpoint of ``--checkpoint`` (one line and exit 2 unless its family can ``capability``) -> (its fast
     decoder, config, tokenizers, checkpoint dir). Compiled (--compile, or by default where
-    :func:`~attnkit.fast.compiles_by_default`), the search steps run ahead of time (AOTInductor) and the encoder
-    under torch.compile, the weights frozen unless one sentence is decoded greedily."""
+    :func:`~attnkit.fast.compiles_by_default` for a job of ``sentences``), the search steps run ahead of time
+    (AOTInductor), the weights frozen unless one sentence is decoded greedily."""
     from attnkit.api import load
     from attnkit.fast import compiles_by_default
 
@@ -267,7 +268,7 @@ def _load_for_decoding(args, sentences: int, capability: str = "translate"):
                            "(attnkit classify, or attnkit evaluate --data FILE)")
     model.require(capability)
     compile = getattr(args, "compile", None)
-    if compile or (compile is None and compiles_by_default(model.module)):
+    if compile or (compile is None and compiles_by_default(model.module, sentences)):
         beam = args.beam or model.config.decode.beam_size
         model.compile(freeze=beam > 1 or sentences > 1)
     return model.decoder, model.config, model.tokenizers, model.path

@@ -6,7 +6,7 @@
   to the next step and chunked ranking (:mod:`attnkit.fast.decoding`).
 * :func:`compile_step` compiles a decoder with ``torch.compile``, and its search steps ahead of time with
   AOTInductor (:mod:`attnkit.fast.compile`, :mod:`attnkit.fast.aot`); :func:`compiles_by_default` says which
-  models the command line and :func:`attnkit.load` compile unless told not to.
+  models, for which jobs, the command line, the server and :func:`attnkit.load` compile unless told.
 * :func:`keep_freed_memory` keeps freed memory for reuse (:mod:`attnkit.fast.memory`).
 * :func:`classifier` copies a classifier with the fused attention kernel, at fp32, bf16 or int8.
 * bf16 and int8 decoding and classifying, where the CPU has the instructions for them
@@ -51,18 +51,30 @@ def decoder(model, compile: bool = False, precision: str = "fp32", **options):
     return FastDecoder(model)
 
 
-def compiles_by_default(model) -> bool:
-    """Whether ``model`` decodes compiled unless told otherwise (``--no-compile``, ``attnkit.load(...,
-    compile=False)``): a translation model whose search steps compile ahead of time (the grouped decoder state of the
-    Transformer families). Those packages are kept, so only a model's first run on a machine compiles, and each
-    compiled step is checked against the eager one on the first batches and dropped where slower or different
-    (docs/performance.md has the measurements). ``ATTNKIT_COMPILE=0`` makes eager decoding every model's default."""
+# A job of this many sentences repays a compiled start: with the packages in the cache a compiled start costs a
+# few seconds more than an eager one, and compiled decoding saves about 1 ms a sentence greedily and 2 ms at beam 5
+# (docs/performance.md, first-translation and translation tables)
+COMPILE_PAYS_AT = 1000
+
+
+def compiles_by_default(model, sentences: int | None = None) -> bool:
+    """Whether ``model`` decodes compiled unless told otherwise (``--compile``, ``--no-compile``, ``attnkit.load(...,
+    compile=...)``), for a job of ``sentences`` sentences (None: a server, which decodes for as long as it runs).
+
+    Compiled are translation models whose search steps compile ahead of time (the grouped decoder state of the
+    Transformer families), for a server or a job of at least :data:`COMPILE_PAYS_AT` sentences: compiled decoding is
+    several times faster a sentence, but its start costs seconds more than eager decoding's even with the packages
+    in the cache (about a minute when they must be compiled), which a few sentences never repay. Each compiled step
+    is checked against the eager one on the first batches and dropped where slower or different.
+    ``ATTNKIT_COMPILE=0`` makes eager decoding every model's default."""
     from attnkit.errors import AttnkitError
 
     switch = os.environ.get("ATTNKIT_COMPILE", "1")
     if switch not in ("0", "1"):
         raise AttnkitError(f"ATTNKIT_COMPILE={switch!r}: expected 0 (decode eagerly unless --compile) or 1")
-    return switch == "1" and "translate" in model.capabilities and FastDecoder(model).grouped
+    if switch == "0" or "translate" not in model.capabilities or not FastDecoder(model).grouped:
+        return False
+    return sentences is None or sentences >= COMPILE_PAYS_AT
 
 
 def classifier(model, precision: str = "fp32"):
@@ -80,5 +92,5 @@ def classifier(model, precision: str = "fp32"):
     return use(fast, "dropout16", "fused_attention").eval()
 
 
-__all__ = ["TRAINING", "TRICKS", "FastDecoder", "classifier", "compile_step", "compiles_by_default", "decoder",
-           "keep_freed_memory", "reference", "use"]
+__all__ = ["COMPILE_PAYS_AT", "TRAINING", "TRICKS", "FastDecoder", "classifier", "compile_step", "compiles_by_default",
+           "decoder", "keep_freed_memory", "reference", "use"]

@@ -53,7 +53,8 @@ class AheadOfTimeStep:
     The first call of each kind (state type and beams, beam size, first step or not) runs eagerly and exports and
     compiles a package from its inputs' shapes; later calls of that kind run the package. Sizes stay symbols (a
     graph made for one sentence at cache length 2 serves 64 sentences and length 30); sizes the graph bounds
-    (the positional table's length) are checked before each call, and the fallback runs outside them.
+    (the positional table's length) are checked before each call, and the fallback runs outside them. A kind whose
+    lowering fails runs the eager step, with one warning line.
     """
 
     def __init__(self, model: nn.Module, step, search_step, fallback, cache: Path | None = None):
@@ -61,6 +62,9 @@ class AheadOfTimeStep:
         self.packages: dict[tuple, _Package] = {}
         self.cache = None if cache is None else Path(cache)
         self.loaded = 0  # packages read from the cache rather than compiled
+        # sealed (a server, once warmed up): a kind of call without a graph, or outside its graph's bounds, runs the
+        # eager step rather than a compiler, which would keep that request waiting for tens of seconds
+        self.sealed = False
         self._directory = tempfile.TemporaryDirectory(prefix="attnkit-aoti-")  # removed with this object
 
     def __call__(self, tokens: Tensor, state, *args):
@@ -72,13 +76,18 @@ class AheadOfTimeStep:
         # (t == 0), which makes the beams
         key = (type(state), state.beams, t == 0, *(tuple(x.size(d) for d in _constant_dims(x)) for x in tensors))
         flat = [tokens, *state.tensors(), *tensors]
+        eager = partial(self.search_step, self.step)
         if key not in self.packages:
+            if self.sealed:
+                return eager(tokens, state, *args)
             if not any(n == 1 for x in flat for n in x.shape[1:]):  # not the caches at t == 1: see _Package.build
                 self.packages[key] = self._cached(key) or self._build(key, flat, state)
-            return partial(self.search_step, self.step)(tokens, state, *args)  # eagerly, while there is no graph
+            return eager(tokens, state, *args)  # eagerly, while there is no graph
         package = self.packages[key]
-        if package is None or not package.fits(flat):
-            return self.fallback(tokens, state, *args)
+        if package is None:  # its lowering failed: torch.compile's graph of the same step, in its place, decoded the
+            return eager(tokens, state, *args)  # bf16 Multi30k model at 76 tokens/s, a tenth of eager fp32's (Xeon)
+        if not package.fits(flat):
+            return (eager if self.sealed else self.fallback)(tokens, state, *args)
         # the graph reads its inputs with the strides of a contiguous tensor (below)
         return package.run([x if x.is_contiguous() else x.contiguous() for x in flat])
 
@@ -109,10 +118,13 @@ class AheadOfTimeStep:
             print(f"attnkit: compiling the {self.search_step.__name__} ahead of time (tens of seconds, once: later "
                   f"runs load it from {self.cache})", file=sys.stderr, flush=True)
         try:
-            package = _Package.build(self, flat, state, path)
+            with warnings.catch_warnings():  # torch's own deprecation notice from inside export, not the user's
+                warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+                package = _Package.build(self, flat, state, path)
         except Exception as e:  # noqa: BLE001 -- any failure to export or compile leaves torch.compile's graph
-            warnings.warn(f"{self.search_step.__name__} could not be compiled ahead of time, torch.compile runs it: "
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", stacklevel=3)
+            print(f"attnkit: warning: the {self.search_step.__name__} could not be compiled ahead of time "
+                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); decoding with the eager step",
+                  file=sys.stderr, flush=True)
             return None
         if self.cache is not None:
             try:

@@ -27,7 +27,8 @@ from attnkit.models.contract import DecodingState, device_of
 
 
 def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
-                 ahead_of_time: bool = False, check: bool = True, cache: bool = False) -> CompiledDecoder:
+                 ahead_of_time: bool = False, check: bool = True, cache: bool = False,
+                 encoder: bool = True) -> CompiledDecoder:
     """A decoder of ``model`` (a model of the contract or a :class:`FastDecoder`) whose ``encode``, ``init_state``,
     ``step`` and search steps are compiled with ``torch.compile``, for inference (CPU or GPU). The decoder holds a
     copy of the model, prepared for inference: the model itself is left as it was.
@@ -49,10 +50,13 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
     * ``cache``: the ahead-of-time packages are kept in, and later loaded from, the user's cache
       (:func:`attnkit.fast.aot.cache_directory`), so that only the first process to decode with a model
       compiles them.
+    * ``encoder``: ``encode`` and ``init_state`` under torch.compile too (once a batch, where the steps run once a
+      token); without, they run eagerly. Their graphs are traced and, frozen, compiled again by every process:
+      about ten seconds of each start that the cached packages do not save.
 
     What each of these gains, measured on which machine, is in docs/performance.md.
     """
-    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time, check, cache)
+    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time, check, cache, encoder)
 
 
 def greedy_search_step(step, tokens: Tensor, state, limits: Tensor, t: int, need_weights: bool = False):
@@ -71,7 +75,7 @@ class CompiledDecoder(nn.Module):
     """A :class:`FastDecoder` over a copy of the model, with its functions compiled (:func:`compile_step`)."""
 
     def __init__(self, model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
-                 ahead_of_time: bool = False, check: bool = True, cache: bool = False):
+                 ahead_of_time: bool = False, check: bool = True, cache: bool = False, encoder: bool = True):
         super().__init__()
         inner = model.model if isinstance(model, FastDecoder) else model
         inner = copy.deepcopy(inner).eval()
@@ -94,8 +98,10 @@ class CompiledDecoder(nn.Module):
         # and cache layouts that differ only in the strides of size-1 dimensions: greedy decoding and beam search
         # at batches 1 and 64 made 10 step graphs, past Dynamo's default limit of 8, above which it runs eager.
         def compile(fn):
-            compiled = torch.compile(fn, dynamic=True, options=options, recompile_limit=32)
-            return _frozen(compiled) if freeze else compiled
+            def make():
+                compiled = torch.compile(fn, dynamic=True, options=options, recompile_limit=32)
+                return _frozen(compiled) if freeze else compiled
+            return _OnFirstCall(make)
 
         # greedy decoding and beam search compile the step with their choice of the next tokens (one graph, where the
         # choice alone was some 35 small eager operations a step); step itself serves sampling
@@ -114,8 +120,8 @@ class CompiledDecoder(nn.Module):
             tolerance = 1e-3 if dtype == torch.float32 else 4 * torch.finfo(dtype).eps
             self._search_steps = {name: CheckedStep(name, self._search_steps[name], partial(fn, eager_step),
                                                     tolerance=tolerance) for name, fn in steps.items()}
-        self.encode = compile(self.decoder.encode)
-        self.init_state = compile(self.decoder.init_state)
+        self.encode = compile(self.decoder.encode) if encoder else self.decoder.encode
+        self.init_state = compile(self.decoder.init_state) if encoder else self.decoder.init_state
         self.step = compile(eager_step)
 
     def forward(self, *args, **kwargs):
@@ -127,6 +133,33 @@ class CompiledDecoder(nn.Module):
     def search_steps(self) -> dict:
         return self._search_steps
 
+    def seal(self) -> list[str]:
+        """From now on compile nothing: the kinds of search step already compiled ahead of time (or loaded) run
+        their graphs, any other kind the eager step (:attr:`AheadOfTimeStep.sealed`). A server seals its decoders
+        after warming them up, so that no request waits for a compiler. -> the names of the sealed steps."""
+        from attnkit.fast.aot import AheadOfTimeStep
+
+        sealed = []
+        for name, step in self._search_steps.items():
+            inner = step.compiled if isinstance(step, CheckedStep) else step
+            if isinstance(inner, AheadOfTimeStep):
+                inner.sealed = True
+                sealed.append(name)
+        return sealed
+
+
+
+class _OnFirstCall:
+    """The function ``make()`` returns, made when first called: ``torch.compile`` imports the compiler (some
+    seconds of every start), and with the search steps ahead of time their torch.compile fallbacks seldom run."""
+
+    def __init__(self, make):
+        self.make, self.fn = make, None
+
+    def __call__(self, *args, **kwargs):
+        if self.fn is None:
+            self.fn = self.make()
+        return self.fn(*args, **kwargs)
 
 
 class _EagerForWeights:

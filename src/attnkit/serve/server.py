@@ -56,13 +56,20 @@ def _classifier(path: str) -> bool:
     return registry.family(read_config(resolve_checkpoint(path)).model.family).source == "sentences"
 
 
-def warm_up(model) -> None:
-    """Translate two short sentences greedily and with the checkpoint's beam, so that a compiled model has its
-    graphs (compiled, or loaded from the cache) before the first request, which would otherwise wait for them."""
+def warm_up(model) -> list[int]:
+    """Translate one sentence and two, greedily and with the checkpoint's beam, so that a compiled model has its
+    graphs (compiled, or loaded from the cache; one sentence and several are graphs apart) before the first request,
+    which would otherwise wait for them; then seal the decoder: a request for another beam size decodes eagerly
+    rather than wait for a compiler. -> the beam sizes compiled."""
     if "translate" not in model.capabilities:
-        return
-    for beam in sorted({1, model.config.decode.beam_size}):
+        return []
+    beams = sorted({1, model.config.decode.beam_size})
+    for beam in beams:
+        model.translate(["a a"], beam=beam)
         model.translate(["a", "a a a"], beam=beam)
+    if hasattr(model.decoder, "seal"):
+        model.decoder.seal()
+    return beams
 
 
 def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
@@ -82,10 +89,12 @@ def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
         # compiled before the first request, which would otherwise wait for it (and time out)
         compiled = model.generative and (compiles_by_default(model.module) if settings.compile is None
                                          else settings.compile)
-        if compiled:
-            warm_up(model.compile())
+        beams = warm_up(model.compile()) if compiled else []
         models[name] = model
-        doing = "computing" if classifier else "compiled, decoding" if compiled else "decoding"
+        doing = "computing" if classifier else "decoding"
+        if compiled:
+            doing = (f"compiled for beam sizes {', '.join(map(str, beams))} (others eager), decoding" if beams
+                     else "compiled, decoding")
         print(f"attnkit serve: {name}: {model.family} from {model.path} "
               f"({', '.join(sorted(model.capabilities))}; {doing} in {precision})", file=sys.stderr)
     app = create_app(models, settings)
