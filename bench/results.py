@@ -242,6 +242,11 @@ def _caption_target(m: dict) -> str:
     return f"{goal}: {'met' if all(value >= bound for value, bound in judged) else 'missed'}"
 
 
+def _missing_row(label: str, target: str, name: str, columns: int) -> str:
+    """A recipe's table row while its JSON does not exist: ``columns`` cells not recorded."""
+    return f"| {label} (`{target}`) | {' | '.join([NOT_RECORDED] * columns)} | no {name}.json |"
+
+
 def block_captioning(results: dict) -> str:
     rows = ["| model | split | BLEU-1 / 2 / 3 / 4 | COCO evaluation | published target | beam | checkpoint | "
             "training | JSON |", "|---|---|---|---|---|---|---|---|---|"]
@@ -250,7 +255,7 @@ def block_captioning(results: dict) -> str:
     for name, label, target in CAPTIONING:
         r = results.get(name)
         if r is None:
-            rows.append(f"| {label} (`{target}`) | {' | '.join([NOT_RECORDED] * 7)} | no {name}.json |")
+            rows.append(_missing_row(label, target, name, 7))
             continue
         m = r.get("metrics", {})
         scores = " / ".join(number(m.get(k)) for k in ("bleu1", "bleu2", "bleu3", "bleu4"))
@@ -314,7 +319,7 @@ def block_language_models(results: dict) -> str:
     for name, label, target in LANGUAGE_MODELS:
         r = results.get(name)
         if r is None:
-            rows.append(f"| {label} (`{target}`) | {' | '.join([NOT_RECORDED] * 5)} | no {name}.json |")
+            rows.append(_missing_row(label, target, name, 5))
             continue
         m = r.get("metrics", {})
         training = [counted(minutes(r), "training minutes"), counted(number(r.get("step"), 0), "steps"),

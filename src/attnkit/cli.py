@@ -38,12 +38,14 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_compile_arg(p: argparse.ArgumentParser) -> None:
+    from attnkit.fast import COMPILE_PAYS_AT
+
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile the decoding steps ahead of time (AOTInductor) and the encoder (torch.compile): "
-                        "a minute on a model's first run on this machine, seconds after, as the steps are kept in "
-                        "the user's cache ($ATTNKIT_CACHE, else ~/.cache/attnkit). Default: a Transformer "
-                        "translation model compiles for a server or a file of 1000 sentences or more, which repay "
-                        "its start; others, and every model with ATTNKIT_COMPILE=0, decode eagerly")
+                   help="compile the decoding steps ahead of time (AOTInductor): about a minute on a model's first "
+                        "run on this machine, seconds after, as the steps are kept in the user's cache "
+                        "($ATTNKIT_CACHE, else ~/.cache/attnkit). Default: a Transformer translation model compiles "
+                        f"for a server or a file of {COMPILE_PAYS_AT} sentences or more, which repay its start; "
+                        "others, and every model with ATTNKIT_COMPILE=0, decode eagerly")
 
 
 def _add_precision_arg(p: argparse.ArgumentParser) -> None:

@@ -51,10 +51,11 @@ def decoder(model, compile: bool = False, precision: str = "fp32", **options):
     return FastDecoder(model)
 
 
-# A job of this many sentences repays a compiled start: with the packages in the cache a compiled start costs a
-# few seconds more than an eager one, and compiled decoding saves about 1 ms a sentence greedily and 2 ms at beam 5
-# (docs/performance.md, first-translation and translation tables)
-COMPILE_PAYS_AT = 1000
+# A job of this many sentences repays a compiled start: with the packages in the cache a compiled start took 2.4 s
+# more than an eager one, and compiled decoding saved 0.9 ms a sentence greedily and 1.6 ms at beam 5 (the Multi30k
+# model, batches of 64, AVX-512 Xeon: docs/performance.md, the first-translation and decode-precision tables), so
+# the break-even lies between 1,500 and 2,800 sentences; a cold cache (the first run) takes a minute more
+COMPILE_PAYS_AT = 2000
 
 
 def compiles_by_default(model, sentences: int | None = None) -> bool:
