@@ -1,4 +1,4 @@
-"""Every number in docs/results.md and in the README's results table, written from bench/results/*.json.
+"""Every number in docs/results.md, docs/performance.md and the README's results table, from bench/results/*.json.
 
     python bench/results.py           # rewrite the generated blocks (make results)
     python bench/results.py --check   # change nothing; print the difference and exit 1 where the docs disagree
@@ -603,6 +603,313 @@ def block_first_translation(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def block_serving(results: dict) -> str:
+    """``attnkit serve`` under load (batching against one request at a time and offline decoding) and soaked in
+    faults."""
+    lines = []
+    r = results.get("serve_load")
+    if r is None:
+        lines.append(absent("serve_load"))
+    else:
+        m, s = r.get("metrics", {}), r.get("setup", {})
+        tput, lat = m.get("throughput_sentences_per_s", {}), get(m, "latency_ms", "concurrent", default={})
+        compiled = {True: "compiled decoding in the server and offline", False: "eager decoding in the server "
+                    "and offline"}.get(s.get("compiled"), "eager decoding (compilation not recorded)")
+        lines += [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
+                  f"{number(s.get('threads'), 0)} torch thread, {compiled}; checkpoint `{text(s.get('checkpoint'))}`; "
+                  f"{link('serve_load', '../bench/results/')}): {number(s.get('clients'), 0)} clients with one "
+                  f"Multi30k sentence each got {number(tput.get('concurrent'), 1)} sentences/s, "
+                  f"{number(get(m, 'ratios', 'over_sequential'), 1)}x the {number(tput.get('sequential'), 1)}/s of "
+                  f"the same requests sent one at a time (target {number(get(m, 'targets', 'over_sequential'), 1)}x) "
+                  f"and {number(get(m, 'ratios', 'of_offline'))} of offline decoding on the same thread "
+                  f"({number(tput.get('offline'), 1)}/s; target {number(get(m, 'targets', 'of_offline'))}; the load "
+                  f"generator shares the cores); outputs identical to offline: "
+                  f"{number(get(m, 'met', 'identical_outputs'))}. Latency p50/p95/p99 {number(lat.get('p50'), 0)}/"
+                  f"{number(lat.get('p95'), 0)}/{number(lat.get('p99'), 0)} ms; the server's resident memory grew "
+                  f"{number(get(m, 'server_rss_mib', 'growth'), 1)} MiB under the load.", ""]
+    r = results.get("serve_soak")
+    if r is None:
+        lines.append(absent("serve_soak"))
+    else:
+        m, s = r.get("metrics", {}), r.get("setup", {})
+        rss, met = m.get("server_rss_mib", {}), m.get("met", {})
+        server = re.sub(r"/\S*/(runs/)", r"\1", s.get("server") or "")  # this machine's absolute paths, relative
+        lines.append(
+            f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}; "
+            f"{link('serve_soak', '../bench/results/')}; server `{text(server)}`): "
+            f"{number(s.get('clients'), 0)} clients for {number(s.get('duration_s'), 0)} s, "
+            f"{number(m.get('answers'), 0)} answers ({number(m.get('answers_200'), 0)} of them 200, "
+            f"{number(get(m, 'queue_full', 'total'), 0)} answered 429 while the queue was full, "
+            f"{number(get(m, 'queue_full', 'by_kind', 'burst'), 0)} of those the bursts' own). "
+            f"5xx answers: {number(get(m, 'status_5xx', 'seen_by_clients'), 0)}; tracebacks in the server's log: "
+            f"{number(m.get('server_tracebacks_logged'), 0)}; every kind served: "
+            f"{number(met.get('every_kind_served'))}; repeated requests answered as the first time: "
+            f"{number(met.get('answers_stable'))}; every slot released after the load: "
+            f"{number(met.get('slots_released'))}. Resident memory {number(rss.get('started'), 0)} MiB at the "
+            f"start, at most {number(rss.get('max'), 0)}, {number(rss.get('growth_second_half'), 1)} MiB of growth "
+            f"over the second half (bound {number(rss.get('bound_second_half'), 0)}).")
+    return "\n".join(lines) + "\n"
+
+
+def _ran(r: dict, name: str, extra: str = "") -> str:
+    """"`command` (date, machine, torch, N thread[s]; extra; [name.json](...))": where a bench's numbers come from."""
+    threads = r.get("threads")
+    threads = f", {number(threads, 0)} thread{'' if threads == 1 else 's'}" if threads is not None else ""
+    return (f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}{threads}"
+            f"{'; ' + extra if extra else ''}; {link(name, '../bench/results/')})")
+
+
+def _times(value, digits: int = 2) -> str:
+    """"1.22x"; "not recorded" for a missing ratio."""
+    return NOT_RECORDED if value is None else f"{number(value, digits)}x"
+
+
+def _percent(fraction, digits: int = 1) -> str:
+    return NOT_RECORDED if fraction is None else f"{number(100 * fraction, digits)}%"
+
+
+def block_matmul_peaks(results: dict) -> str:
+    """The one-thread fp32 matmul peak each bench that measures one recorded."""
+    found = [(name, results[name], value) for name, path in
+             (("train_throughput", ("metrics", "matmul_peak_gflop_per_s")),
+              ("attention_op", ("metrics", "ceiling", "matmul_peak_gflop_per_s")))
+             if name in results and (value := get(results[name], *path)) is not None]
+    if not found:
+        return f"The one-thread fp32 matmul peak: {NOT_RECORDED} (no bench JSON holds one).\n"
+    return ("The one-thread fp32 matmul peak, as the benches measured it: " + "; ".join(
+        f"{number(value, 1)} GFLOP/s on the {machine(r)} ({date(r)}, {link(name, '../bench/results/')})"
+        for name, r, value in found) + ".\n")
+
+
+def block_side_by_side(results: dict) -> str:
+    """The headline comparisons: the attention op, training and translation against other systems."""
+    rows = ["| comparison | measured | target |", "|---|---|---|"]
+    sources = []
+    a = results.get("attention_op")
+    if a is None:
+        rows.append(f"| attention op | {absent('attention_op').strip()} | |")
+    else:
+        m = a.get("metrics", {})
+        speed, ceiling = m.get("speedup_vs_torch_mha_causal_n1024", {}), get(m, "ceiling", default={})
+        attnkit, naive = get(a, "systems", "attnkit", "fwd/causal/n=4096", "op_mb"), get(
+            a, "systems", "naive", "fwd/causal/n=4096", "op_mb")
+        rows.append(
+            f"| attention op, n = 1024 causal: `torch.nn.MultiheadAttention` time / attnkit's | "
+            f"{_times(speed.get('fwd'))} forward, {_times(speed.get('fwd_bwd'))} forward+backward; the most any "
+            f"implementation could reach at the rate BLAS reaches on the attention's own products: "
+            f"{_times(get(ceiling, 'fwd', 'ceiling_vs_torch_mha_at_attention_products_rate'))} and "
+            f"{_times(get(ceiling, 'fwd_bwd', 'ceiling_vs_torch_mha_at_attention_products_rate'))} | "
+            f"{_times(get(m, 'targets', 'speedup_vs_torch_mha_causal_n1024'), 1)} |")
+        rows.append(
+            f"| attention op, n = 4096 causal forward: naive softmax(QK^T)V memory / attnkit's | "
+            f"**{_times(get(m, 'naive_memory_over_attnkit_causal_n4096', 'fwd'), 1)}** less "
+            f"({number(attnkit, 1)} MB against {number(naive, 1)} MB) | "
+            f"{_times(get(m, 'targets', 'naive_memory_over_attnkit_n4096'), 1)} |")
+        sources.append(_ran(a, "attention_op"))
+    t = results.get("train_throughput")
+    if t is None:
+        rows.append(f"| training | {absent('train_throughput').strip()} | |")
+    else:
+        m, s = t.get("metrics", {}), t.get("systems", {})
+        rows.append(
+            f"| training, Multi30k batches: attnkit / Hugging Face Marian tokens/s | "
+            f"**{_times(m.get('speedup_vs_huggingface'))}** ({number(get(s, 'attnkit', 'tokens_per_s'), 0)} against "
+            f"{number(get(s, 'huggingface_marian', 'tokens_per_s'), 0)}); "
+            f"{_percent(get(s, 'attnkit', 'fraction_of_matmul_peak'))} of the "
+            f"{number(m.get('matmul_peak_gflop_per_s'), 1)} GFLOP/s matmul peak (Hugging Face "
+            f"{_percent(get(s, 'huggingface_marian', 'fraction_of_matmul_peak'))}) | "
+            f"{_times(get(m, 'targets', 'speedup_vs_huggingface'), 1)}; "
+            f"{_percent(get(m, 'targets', 'fraction_of_matmul_peak'), 0)} |")
+        sources.append(_ran(t, "train_throughput"))
+    r = results.get("translate_throughput")
+    if r is None:
+        rows.append(f"| translation | {absent('translate_throughput').strip()} | |")
+    else:
+        m, s = r.get("metrics", {}), r.get("systems", {})
+
+        def cells(key: str, theirs: str, batch: str) -> str:
+            eager, compiled = m.get(f"attnkit_over_{key}", {}), m.get(f"attnkit_compiled_over_{key}", {})
+            ours = [(search, number(get(s, "attnkit_compiled", f"{search}/{batch}", "tokens_per_s"), 0),
+                     number(get(s, theirs, f"{search}/{batch}", "tokens_per_s"), 0)) for search in ("greedy", "beam5")]
+            return (f"eager {_times(eager.get('greedy'))} greedy, {_times(eager.get('beam5'))} beam 5; compiled (the "
+                    f"default) {_times(compiled.get('greedy'))} greedy ({ours[0][1]} against {ours[0][2]} tokens/s), "
+                    f"{_times(compiled.get('beam5'))} beam 5 ({ours[1][1]} against {ours[1][2]})")
+
+        rows.append(f"| translation, batch 64: attnkit / CTranslate2 fp32 | "
+                    f"{cells('ctranslate2_fp32_batch64', 'ctranslate2_fp32', 'batch64')} | "
+                    f"{_times(get(m, 'targets', 'attnkit_over_ctranslate2_fp32_batch64'), 0)} |")
+        rows.append(f"| translation, batch 1: attnkit / Hugging Face `generate` | "
+                    f"{cells('huggingface_batch1', 'huggingface', 'batch1')} | "
+                    f"{_times(get(m, 'targets', 'attnkit_over_huggingface_batch1'), 0)} |")
+        sources.append(_ran(r, "translate_throughput"))
+    return "\n".join(rows) + ("\n\nRun: " + "; ".join(sources) + ".\n" if sources else "\n")
+
+
+def block_relayout(results: dict) -> str:
+    """The fast runtime's layout against the one before it: the same work, now / before."""
+    r = results.get("relayout_speed")
+    if r is None:
+        return absent("relayout_speed")
+    m = r.get("metrics", {})
+    before = r.get("before")
+    command = (r.get("command") or NOT_RECORDED).replace(before, "REV") if before else r.get("command")
+    shown = dict(r, command=command)  # the revision stays in the JSON; the docs name no commits
+    extra = (f"{number(r.get('rounds'), 0)} rounds of {number(r.get('train_steps_per_round'), 0)} training steps, "
+             f"{number(r.get('sentences_batch64'), 0)} sentences at batch 64 and "
+             f"{number(r.get('sentences_batch1'), 0)} at batch 1; REV is the revision before, recorded in the JSON")
+    lines = [_ran(shown, "relayout_speed", extra) + ":", "",
+             "| work | tokens/s now | tokens/s before | now / before | identical outputs |", "|---|---|---|---|---|"]
+    train = m.get("training_tokens_per_s", {})
+    lines.append(f"| training | {number(train.get('after'), 1)} | {number(train.get('before'), 1)} | "
+                 f"{_times(train.get('after_over_before'))} | |")
+    for key, v in m.get("translation", {}).items():
+        how, search, batch = (key.split("_") + ["", "", ""])[:3]
+        label = f"{how} {search.replace('beam5', 'beam 5')}, {batch.replace('batch', 'batch ')}"
+        lines.append(f"| {label} | {number(v.get('after_tokens_per_s'), 1)} | {number(v.get('before_tokens_per_s'), 1)}"
+                     f" | {_times(v.get('after_over_before'))} | {text(v.get('identical_outputs'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def block_train_limits(results: dict) -> str:
+    """How far the training bench's model is from the matmul peak, and how much of that its own shapes allow."""
+    r = results.get("train_throughput")
+    if r is None:
+        return absent("train_throughput")
+    m = r.get("metrics", {})
+    ours, shapes = get(r, "systems", "attnkit", "fraction_of_matmul_peak"), m.get("model_shape_matmul_fraction_of_peak")
+    allowed = _percent(ours / shapes) if ours is not None and shapes else NOT_RECORDED
+    return (f"In the run above ({date(r)}, {machine(r)}, {link('train_throughput', '../bench/results/')}) the model's "
+            f"matrix products alone, timed at their own shapes with nothing else, reach "
+            f"{number(m.get('model_shape_matmul_gflop_per_s'), 1)} GFLOP/s, {_percent(shapes)} of the "
+            f"{number(m.get('matmul_peak_gflop_per_s'), 1)} GFLOP/s square-matmul peak; attnkit's {_percent(ours)} of "
+            f"the peak is {allowed} of what its own shapes allow.\n")
+
+
+def block_train_end_to_end(results: dict) -> str:
+    """The Multi30k recipe's recorded training run: its throughput over the whole run."""
+    r = results.get("multi30k_en_de")
+    if r is None:
+        return absent("multi30k_en_de")
+    ranks = sorted({launch.get("world_size") for launch in r.get("launches") or [] if launch.get("world_size")})
+    fast = get(r, "config", "train", "fast", default=[])
+    extra = (f"{' or '.join(number(n, 0) for n in ranks) or NOT_RECORDED} ranks; training precision "
+             f"{text(get(r, 'config', 'train', 'precision'))}, the fast training pieces "
+             + (", ".join(f"`{f}`" for f in fast) if fast else "none"))
+    return (f"{_ran(r, 'multi30k_en_de', extra)}: {number(r.get('tokens_per_s'), 0)} target tokens/s averaged over "
+            f"{number(r.get('steps'), 0)} steps in {minutes(r)} training minutes.\n")
+
+
+TRANSLATE_SYSTEMS = {"attnkit": "attnkit `--no-compile`", "attnkit_compiled": "attnkit, compiled (the default)",
+                     "huggingface": "Hugging Face `generate`", "ctranslate2_fp32": "CTranslate2 fp32",
+                     "ctranslate2_int8": "CTranslate2 int8"}
+TRANSLATE_CHECKS = {"attnkit_batched_greedy_equals_unbatched": "attnkit's batched greedy equals its unbatched greedy",
+                    "huggingface_greedy_equals_attnkit": "Hugging Face's greedy equals attnkit's",
+                    "ctranslate2_fp32_greedy_equals_attnkit": "CTranslate2 fp32's greedy equals attnkit's",
+                    "attnkit_compiled_greedy_equals_attnkit": "attnkit's compiled greedy equals its eager greedy"}
+
+
+def block_translate_throughput(results: dict) -> str:
+    """Translation tokens/s of every system at each search and batch size, and their outputs checked."""
+    r = results.get("translate_throughput")
+    if r is None:
+        return absent("translate_throughput")
+    systems = r.get("systems", {})
+    cells = list(next(iter(systems.values()), {}))
+    extra = (f"checkpoint `{text(_local(r.get('checkpoint')))}`, the first {number(r.get('sentences'), 0)} "
+             "Multi30k test sentences")
+    lines = [_ran(r, "translate_throughput", extra) + ", tokens/s:", "",
+             "| system | " + " | ".join(c.replace("beam5", "beam 5").replace("/batch", ", batch ") for c in cells)
+             + " | test BLEU, greedy / beam 5 (batch 64) |", "|---|" + "---|" * (len(cells) + 1)]
+    for name, v in systems.items():
+        bleu = " / ".join(number(get(v, f"{s}/batch64", "bleu")) for s in ("greedy", "beam5"))
+        lines.append(f"| {TRANSLATE_SYSTEMS.get(name, text(name))} | "
+                     + " | ".join(number(get(v, c, "tokens_per_s"), 1) for c in cells) + f" | {bleu} |")
+    checks = get(r, "metrics", "checks", default={})
+    total = checks.get("sentences")
+    said = [f"{TRANSLATE_CHECKS.get(k, k.replace('_', ' '))} on {number(v, 0)} of {number(total, 0)}"
+            for k, v in checks.items() if k != "sentences"]
+    lines += ["", "Outputs checked: " + ("; ".join(said) if said else NOT_RECORDED) + " sentences."]
+    return "\n".join(lines) + "\n"
+
+
+COMPILE_STEPS = {"eager": "eager", "compiled_python_wrapper": "`torch.compile`, Python wrapper",
+                 "compiled_cpp_wrapper": "`torch.compile`, C++ wrapper", "ahead_of_time": "ahead of time (AOTInductor)"}
+
+
+def block_compile_step(results: dict) -> str:
+    """Greedy decoding at batch 1 through each kind of decoding step."""
+    r = results.get("compile_step")
+    if r is None:
+        return absent("compile_step")
+    m = r.get("metrics", {})
+    extra = (f"{text(m.get('search'))}, batch {number(m.get('batch_size'), 0)}, checkpoint "
+             f"`{text(_local(r.get('checkpoint')))}`")
+    lines = [_ran(r, "compile_step", extra) + ":", "",
+             "| decoding step | tokens/s | over eager | build and warm-up | outputs equal to eager decoding's |",
+             "|---|---|---|---|---|"]
+    for name, v in r.get("systems", {}).items():
+        lines.append(f"| {COMPILE_STEPS.get(name, text(name))} | {number(v.get('tokens_per_s'), 1)} | "
+                     f"{_times(get(m, 'speed_over_eager', name))} | "
+                     f"{number(v.get('compile_and_warmup_seconds'), 1)} s | "
+                     f"{number(v.get('same_as_eager'), 0)} of {number(m.get('sentences'), 0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def block_attention_op(results: dict) -> str:
+    """The attention op against torch.nn.MultiheadAttention, and what bounds the ratio."""
+    r = results.get("attention_op")
+    if r is None:
+        return absent("attention_op")
+    m, shape = r.get("metrics", {}), r.get("shape", {})
+    c = m.get("ceiling", {})
+    lengths = shape.get("lengths") or []
+    extra = (f"batch {number(shape.get('batch'), 0)}, {number(shape.get('heads'), 0)} heads, d_head "
+             f"{number(shape.get('d_head'), 0)}, n from {min(lengths) if lengths else NOT_RECORDED} to "
+             f"{max(lengths) if lengths else NOT_RECORDED}")
+    speed = m.get("speedup_vs_torch_mha_causal_n1024", {})
+
+    def row(label: str, fwd: str, fwd_bwd: str) -> str:
+        return f"| {label} | {fwd} | {fwd_bwd} |"
+
+    lines = [_ran(r, "attention_op", extra) + ".", "", "| n = 1024, causal | forward | forward+backward |",
+             "|---|---|---|",
+             row("`torch.nn.MultiheadAttention` time / attnkit's", _times(speed.get("fwd")),
+                 _times(speed.get("fwd_bwd"))),
+             row("the four projections alone", f"{number(get(c, 'fwd', 'projections_ms'), 1)} ms",
+                 f"{number(get(c, 'fwd_bwd', 'projections_ms'), 1)} ms"),
+             row(f"the most any implementation could reach at the square-matmul peak "
+                 f"({number(c.get('matmul_peak_gflop_per_s'), 1)} GFLOP/s), softmax and masking free",
+                 _times(get(c, "fwd", "ceiling_vs_torch_mha")), _times(get(c, "fwd_bwd", "ceiling_vs_torch_mha"))),
+             row(f"the same at the rate BLAS reaches on the attention's own products as whole batched matmuls "
+                 f"({number(c.get('attention_products_gflop_per_s'), 1)} GFLOP/s)",
+                 _times(get(c, "fwd", "ceiling_vs_torch_mha_at_attention_products_rate")),
+                 _times(get(c, "fwd_bwd", "ceiling_vs_torch_mha_at_attention_products_rate"))),
+             row("attnkit's attention on the causal triangle, GFLOP/s",
+                 number(get(c, "fwd", "attnkit_attention_gflop_per_s"), 1),
+                 number(get(c, "fwd_bwd", "attnkit_attention_gflop_per_s"), 1))]
+    ours, rate = get(c, "fwd", "attnkit_attention_gflop_per_s"), c.get("attention_products_gflop_per_s")
+    lines += ["", f"Target: {_times(get(m, 'targets', 'speedup_vs_torch_mha_causal_n1024'), 1)} faster than "
+              f"`torch.nn.MultiheadAttention`. attnkit's forward attention runs at "
+              f"{_percent(ours / rate, 0) if ours is not None and rate else NOT_RECORDED} of the rate BLAS reaches "
+              "on those products, with the full matrix never built."]
+    naive, attnkit = (get(r, "systems", s, "fwd/causal/n=4096", "op_mb") for s in ("naive", "attnkit"))
+    lines.append(f"At n = 4096, causal, forward, a naive softmax(QK^T)V takes {number(naive, 1)} MB against attnkit's "
+                 f"{number(attnkit, 1)} MB: {_times(get(m, 'naive_memory_over_attnkit_causal_n4096', 'fwd'), 1)} "
+                 f"(target {_times(get(m, 'targets', 'naive_memory_over_attnkit_n4096'), 1)}).")
+    return "\n".join(lines) + "\n"
+
+
+def block_threads(results: dict) -> str:
+    """The README's sentence on the thread default, from the demo trained with one of the cores busy."""
+    r = results.get("threads_demo")
+    if r is None:
+        return absent("threads_demo")
+    m = r.get("metrics", {})
+    return (f"with {number(r.get('busy_processes'), 0)} of "
+            f"{number(get(r, 'machine', 'cpus'), 0)} cores busy, the demo trained {number(m.get('speedup'), 1)}x "
+            f"faster than torch's default ({link('threads_demo', 'bench/results/')}).\n")
+
+
 # NAME in the markers -> the file that holds the block and how it is written
 BLOCKS = {
     "translation": ("docs/results.md", block_translation),
@@ -616,10 +923,20 @@ BLOCKS = {
     "complexity": ("docs/results.md", block_complexity),
     "sources": ("docs/results.md", block_sources),
     "readme": ("README.md", block_readme),
+    "threads": ("README.md", block_threads),
     "decode-precision": ("docs/performance.md", block_decode_precision),
     "finetune-speed": ("docs/performance.md", block_finetune_speed),
     "train-throughput": ("docs/performance.md", block_train_throughput),
     "first-translation": ("docs/performance.md", block_first_translation),
+    "serving": ("docs/performance.md", block_serving),
+    "matmul-peaks": ("docs/performance.md", block_matmul_peaks),
+    "side-by-side": ("docs/performance.md", block_side_by_side),
+    "relayout": ("docs/performance.md", block_relayout),
+    "train-limits": ("docs/performance.md", block_train_limits),
+    "train-end-to-end": ("docs/performance.md", block_train_end_to_end),
+    "translate-throughput": ("docs/performance.md", block_translate_throughput),
+    "compile-step": ("docs/performance.md", block_compile_step),
+    "attention-op": ("docs/performance.md", block_attention_op),
 }
 
 

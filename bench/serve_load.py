@@ -229,6 +229,9 @@ def main() -> int:
                                                                   "--max-batch-tokens")
     p.add_argument("--sentences", type=int, default=0, help="use the first N test sentences (0: all)")
     p.add_argument("--offline-rounds", type=int, default=2)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="the server's --compile/--no-compile, and offline decoding the same way (default: as "
+                        "attnkit serve decides, compiled for a Transformer)")
     p.add_argument("--memory-bound-mib", type=float, default=100.0,
                    help="allowed growth of the server's resident memory from start to end")
     p.add_argument("--out", default=str(ROOT / "bench/results/serve_load.json"))
@@ -241,9 +244,15 @@ def main() -> int:
     import attnkit
     from attnkit.data import load_split
     from attnkit.evaluate.results import write_results
+    from attnkit.fast import compiles_by_default
 
     checkpoint = args.checkpoint or default_checkpoint()
     model = attnkit.load(ROOT / checkpoint if not Path(checkpoint).is_absolute() else checkpoint)
+    # offline decodes as the server will: compiled where it is (its default for a server), so that the outputs
+    # compared and the throughput ratio are of the same decoding
+    compiled = args.compile if args.compile is not None else compiles_by_default(model.module, None)
+    if compiled:
+        model.compile()
     split = "test"
     sentences = load_split(model.config.data, split).src
     if args.sentences:
@@ -269,7 +278,7 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     cmd = [sys.executable, "-m", "attnkit", "serve", str(checkpoint), "--port", str(port), "--threads",
            str(args.threads), "--max-wait-ms", str(args.max_wait_ms), "--max-batch-tokens", str(args.batch_tokens),
-           "--queue-size", "256", "--timeout", "60"]
+           "--queue-size", "256", "--timeout", "60", "--compile" if compiled else "--no-compile"]
     server = start_server(cmd, env, "serve_load")
     try:
         rss_started = rss_mib(server.pid)
@@ -337,7 +346,7 @@ def main() -> int:
     setup = {"checkpoint": str(checkpoint), "family": family, "sentences": len(sentences), "data": data,
              "clients": args.clients, "duration_s": args.duration, "sequential_s": args.sequential_seconds,
              "threads": args.threads, "max_wait_ms": args.max_wait_ms, "batch_tokens": args.batch_tokens,
-             "decoding": "the checkpoint's (beam, len_penalty, max_len_a/b)",
+             "decoding": "the checkpoint's (beam, len_penalty, max_len_a/b)", "compiled": compiled,
              "notes": ("server = python -m attnkit serve in a subprocess; load = asyncio keep-alive HTTP/1.1 clients "
                        "in the bench process on the same machine; offline = Model.translate (attnkit translate's "
                        "decoding) in the bench process before the server starts, same threads. rss 'start' is after "

@@ -667,6 +667,37 @@ def test_a_compiled_step_faster_and_equal_is_kept():
     assert calls["eager"] == 4 and calls["compiled"] == 20  # eager only during the trials
 
 
+def test_an_int8_models_compiled_steps_are_held_to_int8s_tolerance_not_to_float_rounding(model):
+    """At int8 an activation a rounding away from a quantization step lands on the next level, so compiled and
+    eager steps differ by int8's own error: scores 1% apart are kept for an int8 model and refused for fp32's,
+    and other choices are refused for both."""
+    from attnkit.fast.compile import CheckedStep
+    from attnkit.fast.precision import INT8_TOLERANCE, NEEDS, at_precision, check_precision, cpu_flags
+
+    if not any(f in cpu_flags() for f in NEEDS["int8"]):
+        pytest.skip(f"this CPU has none of {NEEDS['int8']}")
+    check_precision("int8")
+    int8, fp32 = compile_step(at_precision(model, "int8")), compile_step(model)  # compiling waits for a first call
+    assert {s.tolerance for s in int8.search_steps().values()} == {INT8_TOLERANCE}
+    assert {s.tolerance for s in fp32.search_steps().values()} == {1e-3}
+
+    def eager(tokens, state):
+        return tokens + 1, torch.full((2,), -4.0), state
+
+    def close(tokens, state):  # 1% off: inside int8's tolerance, far outside float rounding
+        return tokens + 1, torch.full((2,), -4.04), state
+
+    def other_choice(tokens, state):
+        return tokens + 2, torch.full((2,), -4.0), state
+
+    for compiled, tolerance, kept in ((close, INT8_TOLERANCE, True), (close, 1e-3, False),
+                                      (other_choice, INT8_TOLERANCE, False)):
+        step = CheckedStep("beam_step", compiled, eager, warmup=1, trials=3, tolerance=tolerance)
+        for _ in range(6):
+            step(torch.tensor([1]), None)
+        assert (step.reason is None or "other outputs" not in step.reason) == kept, (compiled, tolerance, step.reason)
+
+
 def test_compiled_decoders_check_their_search_steps_unless_told_not_to(model):
     from attnkit.fast.compile import CheckedStep
 

@@ -29,6 +29,9 @@ from torch import Tensor, nn
 from attnkit.errors import AttnkitError
 
 PRECISIONS = ("fp32", "bf16", "int8")
+# how far int8 decoding's scores may be from fp32's, relative (an activation's rounding to one of 255 levels,
+# compounded over the layers): the bound its tests hold it to, and the one its compiled steps are checked to
+INT8_TOLERANCE = 0.05
 NEEDS = {  # a CPU's flags (/proc/cpuinfo) any one of which makes the precision fast
     "bf16": ("avx512_bf16", "amx_bf16"),
     "int8": ("avx512_vnni", "avx_vnni", "amx_int8"),
@@ -133,5 +136,5 @@ def at_precision(model: nn.Module, precision: str) -> nn.Module:
     return _to_int8(out)
 
 
-__all__ = ["NEEDS", "PRECISIONS", "Int8Linear", "at_precision", "check_precision", "cpu_flags",
+__all__ = ["INT8_TOLERANCE", "NEEDS", "PRECISIONS", "Int8Linear", "at_precision", "check_precision", "cpu_flags",
            "int8_linear_reference", "quantize_rows"]
