@@ -262,7 +262,8 @@ def ensure_lm(path: Path, steps: int, data_dir: str | None) -> Path:
         return path
     cmd = [sys.executable, "-m", "attnkit", "train", str(ROOT / "configs/tinyshakespeare_char.toml"), "--run-dir",
            str(path), "--threads", "1", "--set", f"train.max_steps={steps}", "--set", "train.eval_every=0",
-           "--set", f"train.save_every={steps}", "--set", "train.max_minutes=0", "--set", "train.warmup_steps=10"]
+           "--set", f"train.save_every={steps}", "--set", "train.max_minutes=0", "--set", "train.fit_schedule=false",
+           "--set", "train.warmup_steps=10"]
     if data_dir:
         cmd += ["--data-dir", data_dir]
     print("serve_soak: training the language model:", " ".join(cmd), file=sys.stderr)
