@@ -90,6 +90,14 @@ def link(name: str, prefix: str) -> str:
     return f"[{name}.json]({prefix}{name}.json)"
 
 
+def _ran(r: dict, name: str, extra: str = "") -> str:
+    """"`command` (date, machine, torch, N thread[s]; extra; [name.json](...))": where a bench's numbers come from."""
+    threads = r.get("threads")
+    threads = f", {number(threads, 0)} thread{'' if threads == 1 else 's'}" if threads is not None else ""
+    return (f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}{threads}"
+            f"{'; ' + extra if extra else ''}; {link(name, '../bench/results/')})")
+
+
 def machine(record: dict) -> str:
     cpus, cpu = get(record, "machine", "cpus"), get(record, "machine", "cpu")
     if cpu is None:
@@ -499,11 +507,10 @@ def block_decode_precision(results: dict) -> str:
     systems = r.get("systems", {})
     labels = list(systems.get("attnkit_fp32", {}))
     names = [n for n in systems if n.startswith("attnkit_")] + [n for n in systems if n.startswith("ctranslate2")]
-    lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
-             f"{number(r.get('threads'), 0)} thread; CPU flags: {', '.join(get(r, 'metrics', 'cpu_flags', default=[]))}"
-             f"; checkpoint `{text(_local(r.get('checkpoint')))}`; batch-1 cells over the first "
-             f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over {number(r.get('sentences'), 0)}; "
-             f"{link('decode_precision', '../bench/results/')}).", "",
+    lines = [_ran(r, "decode_precision", f"CPU flags: {', '.join(get(r, 'metrics', 'cpu_flags', default=[]))}; "
+                  f"checkpoint `{text(_local(r.get('checkpoint')))}`; batch-1 cells over the first "
+                  f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over {number(r.get('sentences'), 0)}")
+             + ".", "",
              "| tokens/s | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for label in labels:
         lines.append(f"| {label} | " + " | ".join(number(get(systems, n, label, "tokens_per_s"), 0) for n in names)
@@ -537,10 +544,9 @@ def block_train_throughput(results: dict) -> str:
         return absent("train_throughput")
     m = r.get("metrics", {})
     flags = get(r, "machine", "cpu_flags", default=[])
-    lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
-             f"{number(r.get('threads'), 0)} thread; {number(r.get('steps'), 0)} timed steps each in "
-             f"{number(r.get('rounds'), 0)} alternating rounds; CPU flags: {', '.join(flags) or NOT_RECORDED}; "
-             f"{link('train_throughput', '../bench/results/')}).", "",
+    lines = [_ran(r, "train_throughput", f"{number(r.get('steps'), 0)} timed steps each in "
+                  f"{number(r.get('rounds'), 0)} alternating rounds; CPU flags: {', '.join(flags) or NOT_RECORDED}")
+             + ".", "",
              "| system | target tokens/s | model GFLOP/s | of the fp32 matmul peak | validation loss after the same "
              "steps |", "|---|---|---|---|---|"]
     for name, v in r.get("systems", {}).items():
@@ -562,9 +568,8 @@ def block_finetune_speed(results: dict) -> str:
     if r is None:
         return absent("finetune_speed")
     t, i = r.get("training", {}), r.get("inference", {})
-    lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
-             f"{number(r.get('threads'), 0)} threads for every system; CPU flags: "
-             f"{', '.join(r.get('cpu_flags') or [])}; {link('finetune_speed', '../bench/results/')}).", "",
+    lines = [_ran(r, "finetune_speed", f"every system alike; CPU flags: "
+                  f"{', '.join(r.get('cpu_flags') or [])}") + ".", "",
              "| training (same batches, AdamW, schedule) | examples/s |", "|---|---|"]
     for name, v in get(t, "systems", default={}).items():
         lines.append(f"| {text(name)} | {number(v.get('examples_per_s'), 1)} |")
@@ -590,9 +595,7 @@ def block_first_translation(results: dict) -> str:
     r = results.get("first_translation")
     if r is None:
         return absent("first_translation")
-    lines = [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
-             f"{number(r.get('threads'), 0)} thread; checkpoint `{text(_local(r.get('checkpoint')))}`; "
-             f"{link('first_translation', '../bench/results/')}).", "",
+    lines = [_ran(r, "first_translation", f"checkpoint `{text(_local(r.get('checkpoint')))}`") + ".", "",
              "| seconds to the first translation | `--no-compile` | `--compile`, cold cache | "
              "`--compile`, warm cache | "
              "warm / cold | same translation |", "|---|---|---|---|---|---|"]
@@ -615,9 +618,8 @@ def block_serving(results: dict) -> str:
         tput, lat = m.get("throughput_sentences_per_s", {}), get(m, "latency_ms", "concurrent", default={})
         compiled = {True: "compiled decoding in the server and offline", False: "eager decoding in the server "
                     "and offline"}.get(s.get("compiled"), "eager decoding (compilation not recorded)")
-        lines += [f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}, "
-                  f"{number(s.get('threads'), 0)} torch thread, {compiled}; checkpoint `{text(s.get('checkpoint'))}`; "
-                  f"{link('serve_load', '../bench/results/')}): {number(s.get('clients'), 0)} clients with one "
+        lines += [_ran(r, "serve_load", f"{number(s.get('threads'), 0)} torch thread, {compiled}; checkpoint "
+                       f"`{text(s.get('checkpoint'))}`") + f": {number(s.get('clients'), 0)} clients with one "
                   f"Multi30k sentence each got {number(tput.get('concurrent'), 1)} sentences/s, "
                   f"{number(get(m, 'ratios', 'over_sequential'), 1)}x the {number(tput.get('sequential'), 1)}/s of "
                   f"the same requests sent one at a time (target {number(get(m, 'targets', 'over_sequential'), 1)}x) "
@@ -635,8 +637,7 @@ def block_serving(results: dict) -> str:
         rss, met = m.get("server_rss_mib", {}), m.get("met", {})
         server = re.sub(r"/\S*/(runs/)", r"\1", s.get("server") or "")  # this machine's absolute paths, relative
         lines.append(
-            f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}; "
-            f"{link('serve_soak', '../bench/results/')}; server `{text(server)}`): "
+            _ran(r, "serve_soak", f"server `{text(server)}`") + ": "
             f"{number(s.get('clients'), 0)} clients for {number(s.get('duration_s'), 0)} s, "
             f"{number(m.get('answers'), 0)} answers ({number(m.get('answers_200'), 0)} of them 200, "
             f"{number(get(m, 'queue_full', 'total'), 0)} answered 429 while the queue was full, "
@@ -649,14 +650,6 @@ def block_serving(results: dict) -> str:
             f"start, at most {number(rss.get('max'), 0)}, {number(rss.get('growth_second_half'), 1)} MiB of growth "
             f"over the second half (bound {number(rss.get('bound_second_half'), 0)}).")
     return "\n".join(lines) + "\n"
-
-
-def _ran(r: dict, name: str, extra: str = "") -> str:
-    """"`command` (date, machine, torch, N thread[s]; extra; [name.json](...))": where a bench's numbers come from."""
-    threads = r.get("threads")
-    threads = f", {number(threads, 0)} thread{'' if threads == 1 else 's'}" if threads is not None else ""
-    return (f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}{threads}"
-            f"{'; ' + extra if extra else ''}; {link(name, '../bench/results/')})")
 
 
 def _times(value, digits: int = 2) -> str:
