@@ -704,3 +704,28 @@ def test_compiled_decoders_check_their_search_steps_unless_told_not_to(model):
     checked, unchecked = compile_step(model), compile_step(model, check=False)  # compiling waits for a first call
     assert all(isinstance(s, CheckedStep) for s in checked.search_steps().values())
     assert not any(isinstance(s, CheckedStep) for s in unchecked.search_steps().values())
+
+
+def test_a_beam_steps_candidates_that_go_on_may_rank_either_way_but_those_that_end_may_not():
+    """Two beam steps agree when they differ only in the order of near-equal candidates that neither end a
+    hypothesis nor become a beam (the search never reads their rows), and disagree when an ending candidate's row
+    or score differs."""
+    from attnkit.decode.search import BeamStep
+    from attnkit.fast.compile import same_outputs
+
+    ending = torch.tensor([[True, False, False, False]])
+
+    def step(candidate_rows, candidate_scores):
+        return BeamStep(None, torch.tensor([7, 9]), torch.tensor([[-1.0, -1.5]]), torch.tensor([[7], [9]]),
+                        torch.tensor([0, 1]), ending, torch.tensor([candidate_scores]), torch.tensor([candidate_rows]),
+                        torch.tensor([False]), None)
+
+    eager = step([0, 0, 1, 1], [-0.5, -1.0, -1.5, -2.0])
+    swapped_going = step([0, 0, 1, 0], [-0.5, -1.0, -1.5, -2.01])  # the last two rank the other way round
+    other_ending_row = step([1, 0, 1, 1], [-0.5, -1.0, -1.5, -2.0])
+    other_ending_score = step([0, 0, 1, 1], [-0.7, -1.0, -1.5, -2.0])
+    assert same_outputs(swapped_going, eager, 1e-3)
+    assert not same_outputs(other_ending_row, eager, 1e-3)
+    assert not same_outputs(other_ending_score, eager, 1e-3)
+    assert not same_outputs(step([0, 0, 1, 1], [-0.5, -1.0, -1.5, -2.0])._replace(rows=torch.tensor([1, 0])),
+                            eager, 1e-3)

@@ -19,7 +19,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from attnkit.decode.search import beam_step, greedy_step
+from attnkit.decode.search import BeamStep, beam_step, greedy_step
 from attnkit.fast.decoding import FastDecoder
 from attnkit.fast.precision import INT8_TOLERANCE, Int8Linear
 from attnkit.fast.ranking import argmax_rows, best_extensions
@@ -186,8 +186,8 @@ class CheckedStep:
     """A compiled search step that must earn its place. Its first ``warmup`` calls run it alone (they compile);
     the next ``trials`` calls run it and ``eager`` (the same step, uncompiled) on the same inputs and answer
     with the eager outputs. If the compiled step failed, gave other outputs (choices that differ, or scores
-    beyond float rounding; the next states are not compared), or took longer per call (median) than the eager
-    one, every later call
+    beyond ``tolerance``, in what the search reads: :func:`same_outputs`; the next states are not compared), or
+    took longer per call (median) than the eager one, every later call
     runs the eager step, and one line on stderr says why; otherwise the compiled step runs from then on.
 
     Compiling is a bet that can lose: on some CPUs the lowering falls back to graphs far slower than eager
@@ -232,9 +232,10 @@ class CheckedStep:
 
 
 def same_outputs(a, b, tolerance: float) -> bool:
-    """Whether two steps' outputs agree: the same structure, integer and boolean tensors equal, floating ones
-    within ``tolerance`` (relative and absolute; infinities where the other has the same)."""
-    xs, ys = list(_tensors(a)), list(_tensors(b))
+    """Whether two steps' outputs agree in what the search reads of them (:func:`_as_read`): the same structure,
+    integer and boolean tensors equal, floating ones within ``tolerance`` (relative and absolute; infinities where
+    the other has the same)."""
+    xs, ys = list(_tensors(_as_read(a))), list(_tensors(_as_read(b)))
     if len(xs) != len(ys):
         return False
     for x, y in zip(xs, ys):
@@ -246,6 +247,17 @@ def same_outputs(a, b, tolerance: float) -> bool:
         elif not torch.equal(x, y):
             return False
     return True
+
+
+def _as_read(x):
+    """A step's outputs as the search reads them. Of a beam step's 2k ranked candidates the search reads the row
+    and score of those that end a hypothesis only (the k that go on are read through ``rows``, ``tokens`` and
+    ``scores``): the rest are set to -1 and 0, since which of two near-equal candidates ranks first among them
+    changes nothing, and steps whose scores differ within their tolerance may rank them either way."""
+    if isinstance(x, BeamStep):
+        return x._replace(candidate_rows=x.candidate_rows.masked_fill(~x.ending, -1),
+                          candidate_scores=x.candidate_scores.masked_fill(~x.ending, 0.0))
+    return x
 
 
 def _tensors(x):
