@@ -86,7 +86,9 @@ class CompiledDecoder(nn.Module):
         can_pack = freeze and torch.backends.mkldnn.is_available() and device_of(inner).type == "cpu"
         output = getattr(inner, "output", None)
         if isinstance(output, nn.Linear):
-            prepack = can_pack and (_packing_pays(output.weight.detach()) if pack_output is None else pack_output)
+            # oneDNN's packed product of a bf16 weight fails AOTInductor's lowering (LoweringException): fp32 only
+            packs = output.weight.dtype == torch.float32 and can_pack
+            prepack = packs and (_packing_pays(output.weight.detach()) if pack_output is None else pack_output)
             if prepack:
                 _register_fake_weight_packing()
             inner.output = _OutputProjection(output, prepack)
