@@ -42,7 +42,8 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
       ``x @ W^T`` hands BLAS a contiguous [in, out] matrix: faster at a decoding step's few rows.
     * ``cpp_wrapper``: Inductor calls the kernels from C++ instead of generated Python.
     * ``freeze``: Inductor treats the weights as constants; the output projection may then be a oneDNN product
-      with its weight packed once (``pack_output``; None: if that measures faster on this machine, on 32 rows).
+      with its weight packed once (``pack_output``; None: if that measures faster on this machine, on 32 rows), an
+      fp32 weight only: AOTInductor cannot lower the packed product of a bf16 one.
     * ``ahead_of_time``: the search steps are exported and compiled by AOTInductor (:mod:`attnkit.fast.aot`)
       where the decoder's state allows it (the Transformer's grouped state), without the Python that
       torch.compile runs around each call.
@@ -86,7 +87,6 @@ class CompiledDecoder(nn.Module):
         can_pack = freeze and torch.backends.mkldnn.is_available() and device_of(inner).type == "cpu"
         output = getattr(inner, "output", None)
         if isinstance(output, nn.Linear):
-            # oneDNN's packed product of a bf16 weight fails AOTInductor's lowering (LoweringException): fp32 only
             packs = output.weight.dtype == torch.float32 and can_pack
             prepack = packs and (_packing_pays(output.weight.detach()) if pack_output is None else pack_output)
             if prepack:
