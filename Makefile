@@ -4,6 +4,7 @@
 # make browser — Debian's chromium and chromium-driver (apt-get, only when missing): the explorer's browser tests
 # make java — Debian's default-jre-headless (apt-get, only when missing): the COCO caption evaluation (pycocoevalcap)
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
+# make multi30k-lc — the same Transformer on lowercased text, as Wu et al. train it (about 60 min)
 # make multi30k-rnnsearch, multi30k-rnnencdec — the same recipe for the RNN encoder-decoders
 # make tatoeba-rnnencdec, tatoeba-rnnsearch, tatoeba-transformer — the same three on Tatoeba, long sentences held out
 # make by-length — BLEU against sentence length for the three systems on Multi30k and Tatoeba, JSON + plots
@@ -35,7 +36,7 @@ STAMP  := $(VENV)/.installed
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
 
-.PHONY: serve demo test results multi30k multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
+.PHONY: serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -102,6 +103,13 @@ multi30k: $(STAMP)
 	$(RUN) $(MULTI30K_TRAIN)
 	date +%s > runs/multi30k_en_de/finished
 	$(RUN) $(PY) bench/multi30k_en_de.py --run-dir runs/multi30k_en_de --train-command "$(MULTI30K_TRAIN)"
+
+MULTI30K_LC_TRAIN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/multi30k_en_de_lc.toml --run-dir runs/multi30k_en_de_lc
+multi30k-lc: $(STAMP)
+	mkdir -p runs/multi30k_en_de_lc && date +%s > runs/multi30k_en_de_lc/started
+	$(RUN) $(MULTI30K_LC_TRAIN)
+	date +%s > runs/multi30k_en_de_lc/finished
+	$(RUN) $(PY) bench/multi30k_en_de.py --run-dir runs/multi30k_en_de_lc --train-command "$(MULTI30K_LC_TRAIN)"
 
 MULTI30K_RNN = OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train configs/multi30k_en_de_$(1).toml --run-dir runs/multi30k_en_de_$(1)
 multi30k-rnnsearch multi30k-rnnencdec: multi30k-%: $(STAMP)

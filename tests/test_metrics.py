@@ -52,6 +52,18 @@ def test_paper_bleu_equals_the_hand_counted_ngrams():
     assert paper_bleu(HYPS, [REFS], "de").score == result.score
 
 
+def test_lowercased_sacrebleu_and_chrf_ignore_case_and_say_so():
+    """A model that writes lowercased text (data.lowercase) is scored with sacreBLEU's own lowercase option."""
+    from attnkit.evaluate import chrf
+
+    hyps = [h.lower() for h in REFS]
+    assert bleu(hyps, REFS, lowercase=True).score == pytest.approx(100.0)
+    assert chrf(hyps, REFS, lowercase=True).score == pytest.approx(100.0)
+    assert bleu(hyps, REFS).score < 100.0 and chrf(hyps, REFS).score < 100.0
+    assert "case:lc" in bleu(hyps, REFS, lowercase=True).signature
+    assert "case:mixed" in bleu(hyps, REFS).signature
+
+
 def test_paper_bleu_is_not_smoothed():
     """The first two pairs have no 4-gram match: multi-bleu.perl prints 0, whatever the other precisions."""
     result = paper_bleu(HYPS[:2], REFS[:2], "de")

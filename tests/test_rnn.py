@@ -146,6 +146,22 @@ def test_rnnsearch_initial_state_comes_from_the_backward_encoder(src):
     assert torch.allclose(memory.states[0, 0, 24:], h_n[1, 0], atol=1e-6)  # h_n[1]: the backward direction
 
 
+@torch.no_grad()
+def test_rnnsearch_context_dropout_drops_annotation_units_in_training_only(src, tgt_in):
+    """context_dropout acts on the annotations h_j: in training each unit is zero or scaled by 1 / (1 - p), in
+    evaluation the model computes exactly what it computes without it."""
+    plain, dropping = _model("rnnsearch", dropout=0.0), _model("rnnsearch", dropout=0.0, context_dropout=0.5)
+    assert torch.equal(dropping(src, tgt_in).logits, plain(src, tgt_in).logits)
+    annotations = plain.encode(src).states
+    dropped = dropping.train().encode(src).states
+    real = annotations != 0
+    kept = dropped[real] != 0
+    assert torch.allclose(dropped[real][kept], 2 * annotations[real][kept], atol=1e-6)
+    assert 0.4 < kept.float().mean() < 0.6
+    assert torch.all(dropped[~real] == 0)  # padding stays zero
+    assert not torch.equal(dropping(src, tgt_in).logits, dropping(src, tgt_in).logits)  # fresh masks each pass
+
+
 @pytest.mark.parametrize("family,overrides", VARIANTS, ids=IDS)
 @torch.no_grad()
 def test_padding_never_changes_results(family, overrides, src, tgt_in):

@@ -552,6 +552,20 @@ def test_too_small_vocabulary_is_a_clear_error(tmp_path):
         train_tokenizer(generate_dates(50).src, tmp_path / "spm.model", vocab_size=8)
 
 
+def test_a_lowercasing_tokenizer_reads_and_writes_lowercased_text(tmp_path):
+    """data.lowercase: the SentencePiece model folds case itself, so any casing of a text encodes to the same
+    pieces, and what decodes from them is lowercased; without it case is kept."""
+    from attnkit.data import train_tokenizer
+
+    texts = [f"The Dog number {i} runs to A Park in March" for i in range(300)]
+    folding = train_tokenizer(texts, tmp_path / "lc" / "spm.model", vocab_size=60, lowercase=True)
+    keeping = train_tokenizer(texts, tmp_path / "cased" / "spm.model", vocab_size=60)
+    [upper, lower] = folding.encode(["THE DOG runs to a park", "the dog runs to a park"])
+    assert upper == lower
+    assert folding.decode(upper) == "the dog runs to a park"
+    assert keeping.decode(keeping.encode(["The Dog runs"])[0]) == "The Dog runs"
+
+
 def test_shared_embeddings_need_a_joint_vocabulary():
     from attnkit.config import config_from_dict
 
@@ -601,6 +615,7 @@ SHIPPED = {  # each shipped config and the dataclass its [model] table must beco
     "flickr8k_sat": ShowAttendTellConfig,
     "flickr8k_transformer": TransformerCaptionerConfig,
     "multi30k_en_de": TransformerConfig,
+    "multi30k_en_de_lc": TransformerConfig,
     "multi30k_en_de_rnnencdec": RNNEncDecConfig,
     "multi30k_en_de_rnnsearch": RNNSearchConfig,
     "tatoeba_en_de_rnnencdec": RNNEncDecConfig,

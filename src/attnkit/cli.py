@@ -358,7 +358,8 @@ def cmd_evaluate(args) -> int:
     options = _decode_options(args, cfg)
     _check_source_lengths(sources, toks.src, cfg.decode.max_source_tokens, args.src)
     hyps = [t.text[0] for t in translate(model, toks, sources, **options)]
-    b, c = bleu(hyps, refs), chrf(hyps, refs)
+    lowercase = cfg.data.lowercase  # a model that writes lowercased text is scored case-insensitively
+    b, c = bleu(hyps, refs, lowercase), chrf(hyps, refs, lowercase)
     p = paper_bleu(hyps, refs, args.moses_lang or cfg.data.tgt_lang)
     print(b)
     print(p)
@@ -368,7 +369,7 @@ def cmd_evaluate(args) -> int:
               "paper_bleu_bp": p.bp, "paper_bleu_signature": p.signature}
     if args.by_length:
         edges = {"edges": args.length_edges} if args.length_edges else {}
-        result["by_length"] = bleu_by_length(sources, hyps, refs, **edges)
+        result["by_length"] = bleu_by_length(sources, hyps, refs, lowercase=lowercase, **edges)
         for row in result["by_length"]:
             hi = "+" if row["max_len"] is None else row["max_len"]
             print(f"  source words {row['min_len']:>3}-{hi:<3}  n={row['n']:<5} BLEU {row['bleu']:.2f}")

@@ -127,6 +127,7 @@ class RNNSearchConfig(RNNEncDecConfig):
     family: str = "rnnsearch"
     hidden_size: int = 256
     attention_score: str = "additive"  # additive (Bahdanau), general, dot, scaled_dot (Luong)
+    context_dropout: float = 0.0  # on the annotations the decoder attends to (and starts from)
 
 
 @dataclass
@@ -229,6 +230,7 @@ class DataConfig:
     vocab_size: int = 8000
     joint_vocab: bool = True
     spm_model_type: str = "unigram"  # unigram | bpe | char
+    lowercase: bool = False  # SentencePiece folds case (nmt_nfkc_cf): the model reads and writes lowercased text
     max_len: int = 128  # longer training pairs (in subwords) are dropped
     n_synthetic: int = 20000  # format = "dates": generated pairs
     long_test_min_words: int = 0  # format = "tatoeba": hold out long sources as split "test_long" (0: off)
@@ -532,7 +534,7 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
             raise AttnkitError(f"{where}: model.{key} = {getattr(m, key)} must be at least 1")
     if hasattr(m, "n_heads") and m.d_model % m.n_heads:
         raise AttnkitError(f"{where}: model.d_model = {m.d_model} is not divisible by model.n_heads = {m.n_heads}")
-    for key in ("dropout", "attention_dropout", "activation_dropout"):
+    for key in ("dropout", "attention_dropout", "activation_dropout", "context_dropout"):
         value = getattr(m, key, 0.0)
         if not 0.0 <= value < 1.0:
             raise AttnkitError(f"{where}: model.{key} = {value} must be in [0, 1)")

@@ -102,10 +102,10 @@ def build_tokenizers(cfg: DataConfig, train: Parallel, directory: Path) -> Token
     src_path, tgt_path = tokenizer_files(directory, cfg.joint_vocab)
     if not src_path.exists():
         if cfg.joint_vocab:
-            train_tokenizer(train.src + train.tgt, src_path, cfg.vocab_size, cfg.spm_model_type)
+            train_tokenizer(train.src + train.tgt, src_path, cfg.vocab_size, cfg.spm_model_type, cfg.lowercase)
         else:
-            train_tokenizer(train.src, src_path, cfg.vocab_size, cfg.spm_model_type)
-            train_tokenizer(train.tgt, tgt_path, cfg.vocab_size, cfg.spm_model_type)
+            train_tokenizer(train.src, src_path, cfg.vocab_size, cfg.spm_model_type, cfg.lowercase)
+            train_tokenizer(train.tgt, tgt_path, cfg.vocab_size, cfg.spm_model_type, cfg.lowercase)
     return load_tokenizers(directory)
 
 

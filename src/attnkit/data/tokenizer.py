@@ -44,14 +44,18 @@ class Tokenizer:
         return self.sp.decode([int(i) for i in ids if i > EOS])
 
 
-def train_tokenizer(texts: Iterable[str], path: str | Path, vocab_size: int, model_type: str = "unigram") -> Tokenizer:
-    """Train a SentencePiece model on ``texts`` and write it to ``path`` (a ``.model`` file)."""
+def train_tokenizer(texts: Iterable[str], path: str | Path, vocab_size: int, model_type: str = "unigram",
+                    lowercase: bool = False) -> Tokenizer:
+    """Train a SentencePiece model on ``texts`` and write it to ``path`` (a ``.model`` file). With ``lowercase`` its
+    normalisation folds case (``nmt_nfkc_cf``), kept in the model: every text it encodes is lowercased first, so
+    what a model trained on its pieces writes is lowercased too."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, model_type=model_type,
+            normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
             pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, character_coverage=1.0,
             hard_vocab_limit=False,  # a small corpus may hold fewer pieces than asked for
             input_sentence_size=2_000_000, shuffle_input_sentence=True, num_threads=2, minloglevel=2,

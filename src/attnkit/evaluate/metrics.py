@@ -27,17 +27,19 @@ class Score:
         return f"{self.name} = {self.score:.2f}  ({self.signature})"
 
 
-def bleu(hypotheses: list[str], references: list[str] | list[list[str]]) -> Score:
-    """Corpus sacreBLEU (13a tokenisation, mixed case) against one or more reference streams."""
+def bleu(hypotheses: list[str], references: list[str] | list[list[str]], lowercase: bool = False) -> Score:
+    """Corpus sacreBLEU (13a tokenisation, mixed case; ``lowercase``: both sides lowercased, for a model that writes
+    lowercased text, its signature saying ``case:lc``) against one or more reference streams."""
     refs = [references] if references and isinstance(references[0], str) else references
-    metric = sacrebleu.metrics.BLEU()
+    metric = sacrebleu.metrics.BLEU(lowercase=lowercase)
     result = metric.corpus_score(hypotheses, refs)
     return Score("BLEU", result.score, str(metric.get_signature()))
 
 
-def chrf(hypotheses: list[str], references: list[str] | list[list[str]]) -> Score:
+def chrf(hypotheses: list[str], references: list[str] | list[list[str]], lowercase: bool = False) -> Score:
+    """Corpus chrF2 (``lowercase`` as :func:`bleu`'s)."""
     refs = [references] if references and isinstance(references[0], str) else references
-    metric = sacrebleu.metrics.CHRF()
+    metric = sacrebleu.metrics.CHRF(lowercase=lowercase)
     result = metric.corpus_score(hypotheses, refs)
     return Score("chrF2", result.score, str(metric.get_signature()))
 
@@ -104,8 +106,9 @@ def paper_bleu(hypotheses: list[str], references: list[str] | list[list[str]], l
 
 
 def bleu_by_length(sources: list[str], hypotheses: list[str], references: list[str],
-                   edges: tuple[int, ...] = (10, 20, 30, 40, 50)) -> list[dict]:
-    """Corpus BLEU of the sentences whose source length (in whitespace words) falls in each bucket.
+                   edges: tuple[int, ...] = (10, 20, 30, 40, 50), lowercase: bool = False) -> list[dict]:
+    """Corpus BLEU (:func:`bleu`, ``lowercase`` as there) of the sentences whose source length (in whitespace words)
+    falls in each bucket.
 
     Buckets are ``[0, e1), [e1, e2), ..., [e_last, inf)``; empty buckets are left out.
     """
@@ -114,7 +117,7 @@ def bleu_by_length(sources: list[str], hypotheses: list[str], references: list[s
     for lo, hi in zip(bounds, bounds[1:]):
         idx = [i for i, s in enumerate(sources) if lo <= len(s.split()) < hi]
         if idx:
-            b = bleu([hypotheses[i] for i in idx], [references[i] for i in idx])
+            b = bleu([hypotheses[i] for i in idx], [references[i] for i in idx], lowercase)
             rows.append({"min_len": lo, "max_len": None if hi == 10**9 else hi - 1, "n": len(idx),
                          "bleu": b.score})
     return rows

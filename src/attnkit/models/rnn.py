@@ -7,7 +7,7 @@ step, state.select), so attnkit.decode's greedy, beam search and sampling run th
 Sizes: ``embedding_size`` is the word embedding size (and the readout's), ``hidden_size`` the GRU's
 (RNNsearch's encoder has ``hidden_size`` units per direction, so its annotations have ``2 hidden_size``);
 ``n_encoder_layers`` / ``n_decoder_layers`` stack GRUs; ``dropout`` acts on the embeddings,
-between stacked GRUs and on the readout.
+between stacked GRUs and on the readout; RNNsearch's ``context_dropout`` on its annotations.
 
 Padding never reaches a recurrent state: the encoder runs on packed sequences (each row stops
 at its own length), and attention gives padded positions zero weight, so a sentence scores the
@@ -226,12 +226,17 @@ class RNNSearch(_RNNTranslator):
         self.dot = cfg.attention_score in ("dot", "scaled_dot")
         self.score = make_score(cfg.attention_score, 2 * h if self.dot else h, 2 * h, h)
         self.cells = nn.ModuleList(nn.GRUCell(d + 2 * h if i == 0 else h, h) for i in range(cfg.n_decoder_layers))
+        self.context_dropout = nn.Dropout(cfg.context_dropout)
 
     def encode(self, src: Tensor) -> Memory:
-        """src [B, S] -> Memory: annotations [B, S, 2 hidden_size] (zero at padding) and the padding mask [B, S]."""
+        """src [B, S] -> Memory: annotations [B, S, 2 hidden_size] (zero at padding) and the padding mask [B, S].
+
+        In training ``context_dropout`` drops annotation units, so the decoder cannot lean on a few of them: on a
+        corpus as small as Multi30k that is where an attentive GRU overfits first (LIUM's systems drop the
+        context too)."""
         x, lengths = self._embed_source(src)
         annotations, _ = run_gru(self.encoder, x, lengths)
-        return Memory(annotations, src.eq(PAD))
+        return Memory(self.context_dropout(annotations), src.eq(PAD))
 
     def init_state(self, memory: Memory) -> RNNState:
         backward_first = memory.states[:, 0, self.cfg.hidden_size:]  # <-h_1: the backward GRU's state after reading all

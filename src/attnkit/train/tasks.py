@@ -113,7 +113,8 @@ class TranslationTask(GenerationTask):
             return {}
         out = translate(model, self.toks, self.valid_pairs.src, beam_size=t.eval_beam, len_penalty=d.len_penalty,
                         max_len_a=d.max_len_a, max_len_b=d.max_len_b)
-        return {"valid_bleu": bleu([x.text[0] for x in out], self.valid_pairs.tgt).score}
+        hyps = [x.text[0] for x in out]
+        return {"valid_bleu": bleu(hyps, self.valid_pairs.tgt, lowercase=self.cfg.data.lowercase).score}
 
 
 def load_grids(cfg: ExperimentConfig, images: list[Path], rank: int = 0, world: int = 1):
@@ -272,7 +273,7 @@ class LanguageModelTask(GenerationTask):
                 shutil.copyfile(source, path)
                 return Tokenizer(path)
             return train_tokenizer(LanguageModelTask.lines(cfg, train), path, cfg.data.vocab_size,
-                                   cfg.data.spm_model_type)
+                                   cfg.data.spm_model_type, cfg.data.lowercase)
         if registry.data_format(cfg.data.format).unit == "characters":
             return CharTokenizer.build("".join(train), path)
         return WordVocab.build(train, path, min_count=1, pretokenized=True)  # WikiText has its own <unk>s
