@@ -465,8 +465,7 @@ def block_readme(results: dict) -> str:
         return text + (f", {epochs(r)} epochs" if r.get("epochs_completed") is not None else "")
 
     for name, label, _ in (t for t in TRANSLATION if t[0] not in VARIANTS):
-        row(name, f"Multi30k en→de, {label}", lambda r, m: f"{'lowercased ' if m.get('lowercased') else ''}"
-            f"BLEU {number(m.get('bleu'))}"
+        row(name, f"Multi30k en→de, {label}", lambda r, m: f"BLEU {number(m.get('bleu'))}"
             + (f", paper-style BLEU {number(m['paper_bleu'])}" if m.get("paper_bleu") is not None else "")
             + f", chrF2 {number(m.get('chrf'))} ({split_name(m.get('test_set'))})", trained)
     row("bleu_by_length_tatoeba", "Tatoeba by length: " + " / ".join(
@@ -490,8 +489,7 @@ def block_readme(results: dict) -> str:
     for name, label, headline, _ in FINE_TUNING:
         row(name, f"{label}, MiniLM fine-tuned", lambda r, m, h=headline: f"dev {_SCORE_NAMES[h]} "
             f"{number(m.get(f'dev_{h}'))}", trained)
-    shown = [results[n] for n in ("multi30k_en_de", "multi30k_en_de_rnnsearch",
-                                  "multi30k_en_de_rnnencdec",
+    shown = [results[n] for n in ("multi30k_en_de", "multi30k_en_de_rnnsearch", "multi30k_en_de_rnnencdec",
                                   "bleu_by_length_tatoeba", "flickr8k_sat", "flickr8k_transformer",
                                   "tinyshakespeare_char", "wikitext2_word",
                                   "transfer", *(n for n, *_ in FINE_TUNING)) if n in results]
