@@ -26,6 +26,7 @@ from pathlib import Path
 from attnkit.checkpoint import load_checkpoint
 from attnkit.data import Parallel, load_split
 from attnkit.decode import translate
+from attnkit.errors import AttnkitError
 from attnkit.evaluate import bleu, bleu_by_length, chrf
 from attnkit.evaluate.results import write_results
 from attnkit.viz import plot_bleu_by_length
@@ -94,4 +95,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except AttnkitError as e:  # a system that is not there, or systems that disagree: one line, status 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
