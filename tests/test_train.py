@@ -566,6 +566,16 @@ def test_a_lowercasing_tokenizer_reads_and_writes_lowercased_text(tmp_path):
     assert keeping.decode(keeping.encode(["The Dog runs"])[0]) == "The Dog runs"
 
 
+def test_the_lowercased_recipe_is_the_headline_one_on_lowercased_text():
+    """configs/multi30k_en_de_lc.toml says it differs from the headline recipe in data.lowercase and its
+    vocabulary only: the model, training and decoding stay the same, so its row compares the two."""
+    configs = Path(__file__).parents[1] / "configs"
+    headline, lc = load_config(configs / "multi30k_en_de.toml"), load_config(configs / "multi30k_en_de_lc.toml")
+    assert lc.data.lowercase and not headline.data.lowercase
+    assert (lc.model, lc.train, lc.decode) == (headline.model, headline.train, headline.decode)
+    assert dataclasses.replace(lc.data, lowercase=False, vocab_size=headline.data.vocab_size) == headline.data
+
+
 def test_shared_embeddings_need_a_joint_vocabulary():
     from attnkit.config import config_from_dict
 
