@@ -226,10 +226,14 @@ def block_by_length(results: dict, name: str) -> str:
         step = Path(s.get("checkpoint") or NOT_RECORDED).name
         rows.append(f"| {label} | {step} | {number(s.get('bleu'), bold=True)} | {number(s.get('chrf'))} | "
                     + " | ".join(number(b.get("bleu")) for b in s.get("by_length", [])) + " |")
+    trained = [f"{label} {number(s.get('train_minutes'), 1)} minutes, {number(s.get('epochs_completed'), 0)} "
+               f"epochs, {number(s.get('tokens_per_s'), 0)} target tokens/s" for label, s in systems.items()
+               if s.get("train_minutes") is not None]
+    how = ("; ".join(trained) + "." if len(trained) == len(systems) else
+           f"{NOT_RECORDED} in this JSON, which records the checkpoints it scored.")
     lines = [f"{text(m.get('test_set'))}: {number(m.get('sentences'), 0)} sentences, beam "
              f"{number(r.get('beam'), 0)}, BLEU signature `{m.get('signature') or NOT_RECORDED}` "
-             f"({link(name, '../bench/results/')}). The systems' training minutes and epochs: {NOT_RECORDED} "
-             "in this JSON, which records the checkpoints it scored.", "", *rows]
+             f"({link(name, '../bench/results/')}). The systems' training: {how}", "", *rows]
     return "\n".join(lines) + "\n"
 
 
@@ -463,6 +467,13 @@ def block_readme(results: dict) -> str:
         text = f"{minutes(r)} min" if r.get("train_minutes") is not None else NOT_RECORDED
         return text + (f", {epochs(r)} epochs" if r.get("epochs_completed") is not None else "")
 
+    def trained_each(r: dict) -> str:  # a JSON of several systems: each one's run
+        systems = list(r.get("systems", {}).values())
+        if not systems or any(s.get("train_minutes") is None for s in systems):
+            return NOT_RECORDED
+        return (" / ".join(minutes(s) for s in systems) + " min, "
+                + " / ".join(epochs(s) for s in systems) + " epochs")
+
     for name, label, _ in TRANSLATION:
         row(name, f"Multi30k en→de, {label}", lambda r, m: f"BLEU {number(m.get('bleu'))}"
             + (" (lowercased)" if m.get("lowercased") else "")
@@ -471,7 +482,7 @@ def block_readme(results: dict) -> str:
     row("bleu_by_length_tatoeba", "Tatoeba by length: " + " / ".join(
         get(results, "bleu_by_length_tatoeba", "metrics", "bleu", default={})),
         lambda r, m: "BLEU " + " / ".join(number(v) for v in m.get("bleu", {}).values())
-        + f" ({split_name(m.get('test_set'))})", trained)
+        + f" ({split_name(m.get('test_set'))})", trained_each)
     for name, label in (("flickr8k_sat", "Show-Attend-Tell"), ("flickr8k_transformer", "Transformer")):
         if name == "flickr8k_sat" or name in results:
             row(name, f"Flickr8k, {label}", lambda r, m: (
@@ -537,6 +548,29 @@ def block_decode_precision(results: dict) -> str:
         if any(f"{key}/{label}" in ratios for label in labels):
             lines.append(f"| {ours} / {theirs} | " + " | ".join(
                 f"{number(ratios.get(f'{key}/{label}'), 2)}x" for label in labels) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def block_decode_profile(results: dict) -> str:
+    """Where a compiled decoding step's time goes, per precision and cell: microseconds per output token by group
+    of profiled events (and each group's share of the profiled time), with the wall time profiled and not."""
+    r = results.get("decode_profile")
+    if r is None:
+        return absent("decode_profile")
+    m = r.get("metrics", {})
+    cells, groups = m.get("cells", {}), m.get("groups", [])
+    lines = [_ran(r, "decode_profile", f"CPU flags: {', '.join(m.get('cpu_flags', [])) or NOT_RECORDED}; checkpoint "
+                  f"`{text(_local(r.get('checkpoint')))}`; batch-1 cells over the first "
+                  f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over "
+                  f"{number(r.get('batch64_sentences'), 0)}") + ".", "",
+             "| us per output token | " + " | ".join(text(g) for g in groups)
+             + " | all (profiled) | all (not profiled) |", "|---|" + "---|" * (len(groups) + 2)]
+    for label, c in cells.items():
+        walls = [number(1e6 * c[key] / c["tokens"], 1) if c.get(key) and c.get("tokens") else NOT_RECORDED
+                 for key in ("wall_s", "unprofiled_wall_s")]
+        lines.append(f"| {text(label)} | " + " | ".join(
+            f"{number(get(c, 'us_per_token', g), 1)} ({number(100 * (get(c, 'share', g) or 0), 0)}%)"
+            for g in groups) + " | " + " | ".join(walls) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -921,6 +955,7 @@ BLOCKS = {
     "readme": ("README.md", block_readme),
     "threads": ("README.md", block_threads),
     "decode-precision": ("docs/performance.md", block_decode_precision),
+    "decode-profile": ("docs/performance.md", block_decode_profile),
     "finetune-speed": ("docs/performance.md", block_finetune_speed),
     "train-throughput": ("docs/performance.md", block_train_throughput),
     "first-translation": ("docs/performance.md", block_first_translation),

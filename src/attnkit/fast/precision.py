@@ -104,7 +104,9 @@ class Int8Linear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, self.in_features)
         q_x, x_scale = quantize_rows(rows)
-        out = torch._int_mm(q_x, self.q_weight_t).float() * (x_scale * self.w_scale)
+        # scaled one factor at a time: x_scale * w_scale would be a [rows, out] matrix of its own, which for the
+        # output projection of 320 beams (aten::mul: 21% of eager int8 beam search of 64 sentences; torch.profiler)
+        out = torch._int_mm(q_x, self.q_weight_t).float() * x_scale * self.w_scale
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
