@@ -37,6 +37,7 @@ import time
 from collections import defaultdict
 
 import torch
+import torch._inductor.config as inductor_config
 from translate_throughput import attnkit_decoder, length_sorted_batches, test_set
 
 from attnkit import fast
@@ -65,7 +66,8 @@ def group(name: str) -> str:
 
 
 def leaf_events(profile) -> list:
-    """The events whose time is their own (no profiled event runs inside them), grouped by name."""
+    """The profiled events totalled by name, those with time of their own (self CPU time: their time less that of
+    the events inside them)."""
     return [e for e in profile.key_averages() if e.self_cpu_time_total > 0]
 
 
@@ -82,7 +84,6 @@ def main() -> int:
     args = ap.parse_args()
     keep_freed_memory()
     torch.set_num_threads(args.threads)
-    import torch._inductor.config as inductor_config
 
     (model, cfg, toks, path), refs, ids, order = test_set(resolve_checkpoint(args.checkpoint), args.data_dir, 0)
     flags = cpu_flags()
