@@ -18,7 +18,6 @@ The figure is written beside the JSON; ``attnkit plot-by-length JSON -o PNG`` re
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -29,7 +28,7 @@ from attnkit.data import Parallel, load_split
 from attnkit.decode import translate
 from attnkit.errors import AttnkitError
 from attnkit.evaluate import bleu, bleu_by_length, chrf
-from attnkit.evaluate.results import write_results
+from attnkit.evaluate.results import run_training, write_results
 from attnkit.viz import plot_bleu_by_length
 from attnkit.viz.curves import bucket_label
 
@@ -44,17 +43,6 @@ def test_set(cfg, data: str, data_dir: str | None) -> Parallel:
                          "so that the long held-out sentences stay out of training")
     test, long = load_split(cfg.data, "test", data_dir), load_split(cfg.data, "test_long", data_dir)
     return Parallel(test.src + long.src, test.tgt + long.tgt, test.origin)
-
-
-def training(checkpoint: Path) -> dict:
-    """How the checkpoint's run trained, from its last checkpoint's record (``runs/X/checkpoints/last``): training
-    minutes, steps, epochs completed and target tokens a second; {} where the checkpoint is not in a run."""
-    meta = checkpoint.parent / "last" / "meta.json"
-    if not meta.is_file():
-        return {}
-    p = json.loads(meta.read_text(encoding="utf-8"))["progress"]
-    return {"train_minutes": round(p["train_seconds"] / 60, 2), "steps": p["step"], "epochs_completed": p["epoch"],
-            "tokens_per_s": round(p["train_tokens"] / max(p["train_seconds"], 1e-9), 1)}
 
 
 def main() -> int:
@@ -89,7 +77,8 @@ def main() -> int:
         b, c = bleu(hyps, pairs.tgt), chrf(hyps, pairs.tgt)
         systems[name] = {"checkpoint": str(resolved), "family": cfg.model.family, "bleu": round(b.score, 2),
                          "chrf": round(c.score, 2), "by_length": bleu_by_length(pairs.src, hyps, pairs.tgt, edges),
-                         "decode_seconds": round(time.monotonic() - start, 1), **training(Path(resolved))}
+                         "decode_seconds": round(time.monotonic() - start, 1),
+                         **run_training(Path(resolved).parent.parent)}  # RUN/checkpoints/step-N: RUN's training
         print(f"{name:<14} {b}", file=sys.stderr)
         for row in systems[name]["by_length"]:
             print(f"    source words {bucket_label(row):<6} n={row['n']:<5} BLEU {row['bleu']:.2f}", file=sys.stderr)

@@ -24,7 +24,7 @@ from attnkit.config import load_config
 from attnkit.data import load_split
 from attnkit.decode import translate
 from attnkit.evaluate import bleu, bleu_by_length, chrf, paper_bleu
-from attnkit.evaluate.results import write_results
+from attnkit.evaluate.results import run_training, write_results
 from attnkit.train import read_metrics
 
 # the published paper-style BLEU on test2016 each recipe is held to, within an hour of training on 2 cores
@@ -83,8 +83,6 @@ def main() -> int:
 
     metrics_log = read_metrics(run)
     train_logs = [r for r in metrics_log if "tokens_per_s" in r and "lr" in r]
-    # the run's training, to its last checkpoint; the chosen checkpoint may be an earlier step
-    progress = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())["progress"]
     chosen_step = json.loads((path.resolve() / "meta.json").read_text())["progress"]["step"]
     started, finished = run / "started", run / "finished"
     wall = None
@@ -100,10 +98,7 @@ def main() -> int:
                  "bleu_by_length": bleu_by_length(test.src, hyps, test.tgt, lowercase=cfg.data.lowercase),
                  "lowercased": cfg.data.lowercase,
                  **({"target": {**TARGETS[cfg.name], "train_minutes": 60}} if cfg.name in TARGETS else {})},
-        train_minutes=round(progress["train_seconds"] / 60, 2),
-        wall_minutes_including_validation=None if wall is None else round(wall, 2),
-        tokens_per_s=round(progress["train_tokens"] / progress["train_seconds"], 1),
-        steps=progress["step"], epochs_completed=progress["epoch"],
+        **run_training(run), wall_minutes_including_validation=None if wall is None else round(wall, 2),
         config=tomllib.loads((run / "config.toml").read_text(encoding="utf-8")),
         checkpoint=chosen["checkpoint"], checkpoint_step=chosen_step, beam=args.beam,
         len_penalty=chosen["len_penalty"],

@@ -82,3 +82,17 @@ def write_results(path: str | Path, name: str, command: str, metrics: dict, **ex
     tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def run_training(run_dir: str | Path) -> dict:
+    """How a run trained, from its last checkpoint's record (``RUN/checkpoints/last/meta.json``): ``train_minutes``,
+    ``steps``, ``epochs_completed`` and ``tokens_per_s`` (target tokens a second); {} where there is no such record
+    (a checkpoint that is not in a run directory)."""
+    from attnkit.checkpoint import read_meta
+
+    last = Path(run_dir) / "checkpoints" / "last"
+    if not (last / "meta.json").is_file():
+        return {}
+    p = read_meta(last)["progress"]
+    return {"train_minutes": round(p["train_seconds"] / 60, 2), "steps": p["step"], "epochs_completed": p["epoch"],
+            "tokens_per_s": round(p["train_tokens"] / max(p["train_seconds"], 1e-9), 1)}
