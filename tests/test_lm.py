@@ -19,7 +19,12 @@ from attnkit.data import CharTokenizer, WordVocab, block_batch, shifted_blocks, 
 from attnkit.decode import beam_search, complete, filter_logits, greedy, sample
 from attnkit.errors import AttnkitError
 from attnkit.evaluate import bits_per_character, language_model_scores, sliding_window_scores
-from attnkit.evaluate.perplexity import sliding_windows
+from attnkit.evaluate.perplexity import (
+    cache_mixture_log_probs,
+    continuous_cache_probs,
+    sliding_window_states,
+    sliding_windows,
+)
 from attnkit.models import BOS, EOS, PAD, UNK, TransformerLM, build_model
 from attnkit.train.checkpoint import load_weights
 from attnkit.train.tasks import LanguageModelTask
@@ -319,6 +324,55 @@ def test_sliding_window_scores_every_token_once_with_its_window_before_it():
     assert scores["bpc"] == pytest.approx(nll / 50 / math.log(2), rel=1e-5)
     blocks = language_model_scores(model, stream_blocks(stream, 16), batch_blocks=2)
     assert sliding_window_scores(model, stream, 16, 16)["loss"] == pytest.approx(blocks["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [{}, ADAPTIVE])
+@torch.no_grad()
+def test_sliding_window_states_give_the_sliding_window_scores(overrides):
+    model = make_lm(seed=7, **overrides)
+    stream = markov_stream(70, seed=4)
+    states, log_probs = sliding_window_states(model, stream, window=16, stride=6, batch_windows=4)
+    assert states.shape == (70, 32) and log_probs.shape == (70,)
+    expected = sliding_window_scores(model, stream, window=16, stride=6, batch_windows=4)["loss"]
+    assert float(-log_probs.mean()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_continuous_cache_is_grave_et_al_eq_2_and_a_distribution():
+    g = torch.Generator().manual_seed(0)
+    states, stream = torch.randn(40, 8, generator=g), torch.randint(0, 6, (40,), generator=g)
+    theta, size = 0.7, 9
+    got = continuous_cache_probs(states, stream, theta, size, chunk=7)  # chunks that cut the cache
+    for t in range(40):  # directly: a softmax over the cached states, summed where the cached word is x_t
+        keys = range(max(0, t - size), t)
+        if not keys:
+            assert got[t] == 0
+            continue
+        weights = torch.softmax(torch.stack([theta * states[t] @ states[i] for i in keys]), 0)
+        expected = sum(float(w) for w, i in zip(weights, keys) if stream[i] == stream[t])
+        assert float(got[t]) == pytest.approx(expected, abs=1e-6)
+    for t in (1, 5, 30):  # over every word the cache could predict at t, its probabilities sum to one
+        total = 0.0
+        for word in range(6):
+            other = stream.clone()
+            other[t] = word
+            total += float(continuous_cache_probs(states, other, theta, size)[t])
+        assert total == pytest.approx(1.0, abs=1e-6)
+
+
+@torch.no_grad()
+def test_the_cache_mixture_keeps_the_model_at_lambda_zero_and_recalls_a_repeated_text():
+    model = make_lm(seed=8)
+    g = torch.Generator().manual_seed(1)
+    text = torch.randint(4, VOCAB, (40,), generator=g)
+    stream = torch.cat([text, text])  # the second copy: every window of it has been seen, with its next word
+    states, log_probs = sliding_window_states(model, stream, window=16, stride=8)
+    cache = continuous_cache_probs(states, stream, theta=1.0, cache_size=60)
+    torch.testing.assert_close(cache_mixture_log_probs(log_probs, cache, 0.0), log_probs)
+    mixed = cache_mixture_log_probs(log_probs, cache, 0.5)
+    assert mixed[0] == log_probs[0]  # nothing cached yet
+    second = slice(56, 80)  # windows whose whole context repeats the first copy's
+    assert float(cache[second].mean()) > 0.9
+    assert float(-mixed[second].mean()) < math.log(2) + 0.2 < float(-log_probs[second].mean())
 
 
 def test_block_batch_shifts_each_block_behind_bos():

@@ -5,6 +5,10 @@ blocks, as validation during training does: a token at the start of a block sees
 before it. ``sliding_window_scores`` moves a window of the model's length by ``stride`` and scores
 each token once, with at least ``window - stride`` tokens before it (the strided evaluation of
 Hugging Face's perplexity guide), closer to the full-context numbers published for recurrent LMs.
+
+``continuous_cache_probs`` adds Grave et al.'s (2017) continuous cache on top of the sliding window: the
+states of the last few thousand tokens, each stored with the word that followed it, vote for the next word
+by their dot product with the current state. It reaches past the window, and needs no training.
 """
 
 from __future__ import annotations
@@ -92,3 +96,63 @@ def sliding_window_scores(model, stream: Tensor, window: int, stride: int, batch
         nll += float(model(tgt_in.new_zeros(len(chunk), 0), tgt_in, targets=tgt_out).nll)
         n += int(tgt_out.ne(PAD).sum())
     return _summary(model, was_training, nll, n, characters, window=window, stride=stride)
+
+
+@torch.no_grad()
+def sliding_window_states(model, stream: Tensor, window: int, stride: int,
+                          batch_windows: int = 16) -> tuple[Tensor, Tensor]:
+    """stream [N] ids -> (states [N, d_model], log p(stream) [N]), each token's from the window that scores it.
+
+    The states are those the output layer reads (``model.hidden_states``); the windows are those of
+    :func:`sliding_window_scores`, so ``-log_probs.mean()`` is its loss.
+    """
+    was_training = model.training
+    model.eval()
+    states, log_probs = [], []
+    spans = sliding_windows(stream.numel(), window, stride)
+    for start in range(0, len(spans), batch_windows):
+        chunk = spans[start:start + batch_windows]
+        tgt_in = torch.full((len(chunk), window), PAD, dtype=torch.long)
+        for row, (begin, end, _) in enumerate(chunk):
+            tgt_in[row, 1: end - begin] = stream[begin:end - 1]
+        tgt_in[:, 0] = BOS
+        hidden, _ = model.hidden_states(tgt_in)
+        for row, (begin, end, scored) in enumerate(chunk):
+            states.append(hidden[row, scored - begin: end - begin])
+        targets = torch.cat([stream[scored:end] for _, end, scored in chunk])
+        log_probs.append(model.target_log_probs(torch.cat(states[-len(chunk):]), targets).float())
+    model.train(was_training)
+    return torch.cat(states).float(), torch.cat(log_probs)
+
+
+def continuous_cache_probs(states: Tensor, stream: Tensor, theta: float, cache_size: int,
+                           chunk: int = 512) -> Tensor:
+    """p_cache(x_t) for every token of a stream (Grave et al. 2017, eq. 2), from the ``cache_size`` tokens before it:
+
+        p_cache(x_t) = sum_{i in [t-n, t), x_i = x_t} exp(theta h_t . h_i) / sum_{i in [t-n, t)} exp(theta h_t . h_i)
+
+    states [N, d_model] (h_i is the state that predicted x_i), stream [N] ids -> [N]; 0 where no cached word is
+    x_t, and for the first token, whose cache is empty.
+    """
+    n = stream.numel()
+    out = torch.zeros(n)
+    for a in range(0, n, chunk):
+        b, lo = min(a + chunk, n), max(0, a - cache_size)
+        scores = theta * (states[a:b] @ states[lo:b].T)  # [queries t, keys i]
+        t = torch.arange(a, b)[:, None]
+        i = torch.arange(lo, b)[None, :]
+        scores = scores.masked_fill((i >= t) | (i < t - cache_size), float("-inf"))
+        same = stream[lo:b][None, :] == stream[a:b][:, None]
+        p = (torch.logsumexp(scores.masked_fill(~same, float("-inf")), 1) - torch.logsumexp(scores, 1)).exp()
+        out[a:b] = p.nan_to_num(0.0)  # the first token: no keys at all
+    return out
+
+
+def cache_mixture_log_probs(log_probs: Tensor, cache_probs: Tensor, lam: float) -> Tensor:
+    """log p(x_t) = log((1 - lambda) p_model(x_t) + lambda p_cache(x_t)) (Grave et al. 2017, eq. 3), [N] -> [N].
+
+    The first token, with nothing cached, keeps the model's probability.
+    """
+    mixed = torch.log((1 - lam) * log_probs.exp() + lam * cache_probs)
+    mixed[0] = log_probs[0]
+    return mixed

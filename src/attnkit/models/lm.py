@@ -105,22 +105,34 @@ class TransformerLM(GenerativeModel):
         With ``targets`` [B, T] the loss and NLL summed over the non-pad targets, as the Transformer does; or the
         adaptive softmax's own path (no smoothing), which never scores the whole vocabulary.
         """
+        hidden, all_weights = self.hidden_states(tgt_in, need_weights)
+        attention = AttentionMaps(decoder=all_weights) if need_weights else None
+        if targets is None:
+            return ModelOutput(logits=self.output_logits(hidden), attention=attention)
+        if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
+            keep = targets.ne(PAD)
+            nll = -self.target_log_probs(hidden[keep], targets[keep]).sum()
+            return ModelOutput(loss=nll, nll=nll.detach(), attention=attention)
+        loss, nll = self.projected_loss(hidden, self.output.weight, targets, label_smoothing, PAD)
+        return ModelOutput(loss=loss, nll=nll, attention=attention)
+
+    def hidden_states(self, tgt_in: Tensor, need_weights: bool = False) -> tuple[Tensor, list]:
+        """tgt_in [B, T] -> the states the output layer reads [B, T, d_model], and each layer's self-attention
+        weights [B, H, T, T] (None each without ``need_weights``)."""
         x = self.embed(tgt_in)
         all_weights = []
         for layer in self.layers:
             out = layer(x, need_weights=need_weights, causal=True)
             x = out.x
             all_weights.append(out.self_weights)
-        hidden = self.norm(x)
-        attention = AttentionMaps(decoder=all_weights) if need_weights else None
-        if targets is None:
-            return ModelOutput(logits=self.output_logits(hidden), attention=attention)
+        return self.norm(x), all_weights
+
+    def target_log_probs(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        """hidden [N, d_model], targets [N] -> log p(targets) [N]; an adaptive softmax scores only the
+        targets' own clusters, never the whole vocabulary."""
         if isinstance(self.output, nn.AdaptiveLogSoftmaxWithLoss):
-            keep = targets.ne(PAD)
-            nll = -self.output(hidden[keep], targets[keep]).output.sum()
-            return ModelOutput(loss=nll, nll=nll.detach(), attention=attention)
-        loss, nll = self.projected_loss(hidden, self.output.weight, targets, label_smoothing, PAD)
-        return ModelOutput(loss=loss, nll=nll, attention=attention)
+            return self.output(hidden, targets).output
+        return F.log_softmax(self.output(hidden).float(), -1).gather(-1, targets[:, None])[:, 0]
 
     def output_logits(self, hidden: Tensor) -> Tensor:
         """hidden [..., d_model] -> logits [..., V] (log-probabilities with an adaptive softmax)."""
