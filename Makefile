@@ -140,7 +140,8 @@ FLICKR8K_CONFIG_flickr8k := flickr8k_sat
 FLICKR8K_CONFIG_flickr8k-transformer := flickr8k_transformer
 flickr8k flickr8k-transformer: $(STAMP) java
 	mkdir -p runs/$(FLICKR8K_CONFIG_$@) && date +%s > runs/$(FLICKR8K_CONFIG_$@)/started
-	$(RUN) $(PY) bench/extract_flickr8k_features.py --cache-dir runs/features --threads 2
+	$(RUN) $(PY) bench/extract_flickr8k_features.py --config configs/$(FLICKR8K_CONFIG_$@).toml --cache-dir runs/features \
+		--threads 2
 	date +%s > runs/$(FLICKR8K_CONFIG_$@)/extracted
 	$(RUN) $(call FLICKR8K_TRAIN,$(FLICKR8K_CONFIG_$@))
 	date +%s > runs/$(FLICKR8K_CONFIG_$@)/finished

@@ -87,8 +87,8 @@ def main() -> int:
     systems: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
-        # compiled as the command line and attnkit.load(...).translate compile (Model.compile): the search steps
-        # ahead of time, kept in the user's cache (a second run of this bench loads them), the encoder eager
+        # compiled as the command line and attnkit.load(...).translate compile (Model.compile): the search steps and
+        # the encoder ahead of time, kept in the user's cache (a second run of this bench loads them)
         options = {"compile": True, "freeze": True, "ahead_of_time": True, "cache": True, "encoder": False} \
             if args.compile else {}
         ours = {f"attnkit_{p}": fast.decoder(model, precision=p, **options) for p in precisions}

@@ -99,7 +99,8 @@ def main() -> int:
         target = {"published": f"none: no paper reports Flickr8k for attnkit's {cfg.model.family}"}
     write_results(
         args.out or f"bench/results/{name}.json", name,
-        command=f"python bench/extract_flickr8k_features.py --cache-dir runs/features --threads 2 && "
+        command=f"python bench/extract_flickr8k_features.py --config configs/{cfg.name}.toml --cache-dir runs/features "
+                f"--threads 2 && "
                 f"{args.train_command} && python bench/flickr8k_captioning.py --run-dir {args.run_dir} "
                 f"--beam {args.beam}" + (f" --checkpoint {args.checkpoint}" if args.checkpoint else ""),
         metrics={**rounded(scores),

@@ -1,5 +1,5 @@
-"""Where a compiled decoding step's time goes: attnkit's default decoding (the search steps compiled ahead of
-time, the weights frozen, the encoder eager) of Multi30k test2016 at each precision, greedy and beam 5, batches of
+"""Where a compiled decoding step's time goes: attnkit's default decoding (the search steps and the encoder
+compiled ahead of time, the weights frozen) of Multi30k test2016 at each precision, greedy and beam 5, batches of
 1 and 64, under ``torch.profiler`` with Inductor's kernels named (``cpp.enable_kernel_profile``), one thread.
 
 Every profiled event's own time (self CPU) falls in one group, by its name. The compiled step's events (AOTInductor's
@@ -12,10 +12,12 @@ calls into the library, ``aoti_torch_*``, and Inductor's generated kernels, ``gr
   them: the self-attention cache's reordering and growth, and at int8 the next product's quantization);
 * **step: other kernels**: the step's other kernels (layer norms, residual adds, gathers, copies).
 
+The encoder's package (once a batch) is compiled the same way, so its kernels fall in the same four groups.
+
 And outside the compiled step:
 
-* **eager operators**: PyTorch operators run eagerly: the encoder, the decoder's initial state, and the search
-  loop's own tensor work between steps;
+* **eager operators**: PyTorch operators run eagerly: the search loop's own tensor work between steps (and the
+  encoder and initial state, where their package does not apply);
 * **outside the operators**: the profiled wall time no event accounts for: Python (the search loop, the compiled
   step's wrapper), the runtime between operators, and the profiler's own cost, a few microseconds an event. So
   each cell also times the same decoding without the profiler, just before: the difference is the profiler's.

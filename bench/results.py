@@ -239,6 +239,8 @@ def block_by_length(results: dict, name: str) -> str:
 
 # the captioning recipes: results name, label, make target
 CAPTIONING = [("flickr8k_sat", "Show, Attend and Tell", "make flickr8k"),
+              # the same recipe on the 224-pixel images as they come (a 7x7 grid): what the larger grid is worth
+              ("flickr8k_sat_224", "Show, Attend and Tell, 224-pixel images", "data.image_size = 224"),
               ("flickr8k_transformer", "Transformer captioner", "make flickr8k-transformer")]
 
 

@@ -66,9 +66,22 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
     """``attnkit translate --compile``'s model. Greedy and beam search of one sentence make the graphs (the first
     step's, and the later steps' at cache length 2), which then serve a batch whose sentences end at different
     steps (rows leave, the caches carry a pending reordering), never falling back, with eager decoding's outputs
-    and scores. (Traced with one sentence as it came, a graph once computed wrong rows for several.)"""
+    and scores. (Traced with one sentence as it came, a graph once computed wrong rows for several.) The encoder
+    and ``init_state``, one package built on the first source of two tokens or more, make eager encoding's state
+    at every batch size and source length; a source beyond the positional table is encoded eagerly."""
     fast = compile_step(model, freeze=True, ahead_of_time=True, check=False)
     src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
+    eager = FastDecoder(copy.deepcopy(model))  # a long source grows its positional table (below)
+
+    def same_state(batch):
+        got, expected = fast.init_state(fast.encode(batch)), eager.init_state(eager.encode(batch))
+        assert got.beams == expected.beams == 1 and got.offset == expected.offset == 0
+        for a, b in zip(got.tensors(), expected.tensors(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+    encoder = fast._aot_encoder
+    same_state(src[3:, :1])  # one token: too short to build from (a size 1 would be specialised)
+    assert encoder.package is None and not encoder.tried
     for beam, search_step in ((1, greedy_step), (3, beam_step)):
         aot = fast.search_steps()[search_step.__name__]
         assert isinstance(aot, AheadOfTimeStep)
@@ -79,9 +92,14 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
         for batch in (src, one, src[1:3, :5]):
             _same(_decode(fast, batch, beam), _decode(model, batch, beam))
         assert len(aot.packages) == 2 and aot.fallback.calls == 0
+    for batch in (src, src[:1], src[1:3, :5], src[3:, :1], torch.cat([src, src])):
+        same_state(batch)
+    too_long = torch.randint(4, VOCAB, (2, model.cfg.max_positions + 3))
+    assert encoder.package is not None and not encoder.package.fits([too_long])
+    same_state(too_long)  # eagerly: the positional table grows
     # sealed, as a warmed-up server seals it: a beam size without graphs (2) runs the eager step, compiling nothing
     # and never the fallback (whose torch.compile would compile too), with eager decoding's outputs
-    assert fast.seal() == ["greedy_step", "beam_step"]
+    assert fast.seal() == ["greedy_step", "beam_step", "encoder"]
     _same(_decode(fast, src, 2), _decode(model, src, 2))
     assert len(aot.packages) == 2 and aot.fallback.calls == 0
 
@@ -123,8 +141,11 @@ def test_packages_kept_in_the_cache_load_in_the_next_decoder_and_damaged_ones_ar
     src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
     eager = _decode(model, src, 1)
 
+    encoders = []
+
     def greedy_aot():
         fast = compile_step(model, freeze=True, ahead_of_time=True, check=False, cache=True)
+        encoders.append(fast._aot_encoder)
         aot = fast.search_steps()["greedy_step"]
         _same(_decode(fast, src[:1], 1), _decode(model, src[:1], 1))  # the packages are made, or loaded
         _same(_decode(fast, src, 1), eager)
@@ -132,10 +153,11 @@ def test_packages_kept_in_the_cache_load_in_the_next_decoder_and_damaged_ones_ar
         return aot
 
     first = greedy_aot()
-    kept = sorted(first.cache.glob("*.pt2"))
+    kept = sorted(first.cache.glob("greedy_search_step-*.pt2"))
     assert first.loaded == 0 and len(kept) == 2 and all(p.with_suffix(".json").is_file() for p in kept)
+    assert (first.cache / "encoder.pt2").is_file()  # and the encoder's package, beside them
     assert first.cache.parent == tmp_path / "compiled"
-    assert greedy_aot().loaded == 2
+    assert greedy_aot().loaded == 2 and encoders[-1].loaded == 1 and encoders[0].loaded == 0
 
     data = bytearray(kept[0].read_bytes())
     data[len(data) // 2] ^= 0xFF

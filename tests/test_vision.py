@@ -271,6 +271,20 @@ def test_cache_is_reused_and_invalidated_by_new_weights(tmp_path):
     assert not list(cache_dir.rglob("*.tmp"))  # every write was renamed into place
 
 
+def test_a_larger_image_size_gives_a_finer_grid_in_its_own_cache(tmp_path):
+    images = [_write_image(tmp_path / f"img{i}.jpg", seed=i) for i in range(2)]
+    torch.manual_seed(0)
+    model = EfficientNetLite0(grid="head")
+    base = extract_features(model, images, tmp_path / "cache", progress=False)
+    large = extract_features(model, images, tmp_path / "cache", progress=False, image_size=320)
+    assert base.shape == grid_shape("head") == (1280, 7, 7)
+    assert large.shape == grid_shape("head", 320) == (1280, 10, 10) and large.directory != base.directory
+    model.eval()
+    with torch.no_grad():
+        direct = model.forward_features(normalize(load_image(images[1], 320)[None]))[0]
+    torch.testing.assert_close(large["img1.jpg"].float(), direct, atol=2e-2, rtol=2e-3)
+
+
 def test_fingerprint_sees_running_statistics():
     torch.manual_seed(0)
     model = EfficientNetLite0()

@@ -124,8 +124,9 @@ class Model:
                 encoder: bool = False) -> Model:
         """Compile the decoding steps (a minute or so the first time, then faster; see docs/performance.md); with
         ``cache`` the steps compiled ahead of time are kept in the user's cache and loaded from there by the next
-        process that compiles this model; ``encoder`` compiles the encoder too, anew in every process (seconds
-        each start; :func:`~attnkit.fast.compile_step`). Returns self."""
+        process that compiles this model (the encoder among them, ahead of time); ``encoder`` also compiles, anew in
+        every process, what its package does not cover (seconds each start; :func:`~attnkit.fast.compile_step`).
+        Returns self."""
         from attnkit import fast
 
         if not self.generative:
@@ -191,7 +192,7 @@ class Model:
         if self._image_encoder is None:
             self._image_encoder = load_pretrained(self.config.data.image_grid).eval()
         with torch.no_grad():
-            pixels = normalize(torch.stack([load_image(p) for p in paths]))
+            pixels = normalize(torch.stack([load_image(p, self.config.data.image_size) for p in paths]))
             return self._image_encoder.forward_features(pixels).flatten(2).transpose(1, 2)
 
     @torch.no_grad()
@@ -465,7 +466,7 @@ class Model:
         if self.source == "image":
             from attnkit.nn.vision import grid_shape
 
-            _, h, w = grid_shape(self.config.data.image_grid)
+            _, h, w = grid_shape(self.config.data.image_grid, self.config.data.image_size)
             return h * w
         return len(self.tokenizers.src.encode([source])[0]) + 1
 

@@ -352,7 +352,7 @@ def translation_model(cfg: ExperimentConfig, tokenizers, directory=None):
 def captioning_model(cfg: ExperimentConfig, vocabulary, directory=None):
     from attnkit.nn.vision import grid_shape
 
-    _, h, w = grid_shape(cfg.data.image_grid)
+    _, h, w = grid_shape(cfg.data.image_grid, cfg.data.image_size)
     return build_model(cfg.model, h * w, vocabulary.vocab_size)
 
 

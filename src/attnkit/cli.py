@@ -694,7 +694,7 @@ def cmd_caption(args) -> int:
     model = load(args.checkpoint, precision=args.precision)
     model.require("caption")
     cfg, vocab = model.config, model.tokenizers
-    _, h, w = grid_shape(cfg.data.image_grid)
+    _, h, w = grid_shape(cfg.data.image_grid, cfg.data.image_size)
 
     def captioned():
         """Lines of captions, a chunk of images at a time (their pixels and grids are not all held at once)."""

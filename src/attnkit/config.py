@@ -236,6 +236,8 @@ class DataConfig:
     long_test_min_words: int = 0  # format = "tatoeba": hold out long sources as split "test_long" (0: off)
     # format = "flickr8k" (captioning)
     image_grid: str = "head"  # EfficientNet-Lite0 grid: "head" (7x7x1280) or "stage6" (14x14x112), ...
+    image_size: int = 224  # the encoder's input side: images are resized (bicubic) to it; the head grid's side
+                           # is image_size / 32 rounded up (320: 10x10)
     feature_cache: str = "runs/features"  # CNN grids are computed once per image and encoder, kept here
     min_word_count: int = 5  # rarer caption words become <unk>
     # language models (tinyshakespeare: characters; wikitext2: the corpus's words): the text is one stream
@@ -566,6 +568,7 @@ _AT_LEAST = {
     ("data", "long_test_min_words"): 0, ("data", "min_word_count"): 1, ("decode", "max_len_a"): 0,
     ("decode", "max_len_b"): 0, ("decode", "max_caption_len"): 1, ("decode", "batch_size"): 1,
     ("decode", "max_source_tokens"): 1, ("train", "batch_size"): 0, ("train", "patience"): 0, ("data", "truncate"): 3,
+    ("data", "image_size"): 32,
 }
 
 

@@ -135,16 +135,21 @@ CACHE_VERSION = 1
 # [0, 6] (float16 error <= 0.002); a stage's linear-bottleneck output reaches about +-40 (error <= 0.02): float16
 # keeps about 3 significant digits, finer than anything a captioner learns from.
 CACHE_DTYPE = torch.float16
-PREPROCESSING = (f"load_image(size={IMAGE_SIZE}, RGB, bicubic resize only if needed) -> "
-                 f"(pixel - {PIXEL_MEAN}) / {PIXEL_STD}")
 
 
-def encoder_fingerprint(encoder: torch.nn.Module) -> str:
+def preprocessing(image_size: int = IMAGE_SIZE) -> str:
+    """What happens to an image file before the encoder sees it, in words (part of the cache's fingerprint)."""
+    return (f"load_image(size={image_size}, RGB, bicubic resize only if needed) -> "
+            f"(pixel - {PIXEL_MEAN}) / {PIXEL_STD}")
+
+
+def encoder_fingerprint(encoder: torch.nn.Module, image_size: int = IMAGE_SIZE) -> str:
     """sha256 of everything a cached grid depends on: the encoder's class, weights and buffers, its grid choice,
-    the preprocessing and the stored dtype. The classifier is left out: no grid passes through it."""
+    the preprocessing (the image size with it) and the stored dtype. The classifier is left out: no grid passes
+    through it."""
     h = hashlib.sha256()
-    h.update(f"v{CACHE_VERSION}|{type(encoder).__name__}|grid={getattr(encoder, 'grid', '')}|{PREPROCESSING}|"
-             f"{CACHE_DTYPE}".encode())
+    h.update(f"v{CACHE_VERSION}|{type(encoder).__name__}|grid={getattr(encoder, 'grid', '')}|"
+             f"{preprocessing(image_size)}|{CACHE_DTYPE}".encode())
     for name, tensor in sorted(encoder.state_dict().items()):
         if name.startswith("classifier."):
             continue
@@ -208,14 +213,15 @@ class FeatureCache:
 
 
 def extract_features(encoder, image_paths, cache_dir: str | Path, batch_size: int = 32, progress: bool = True,
-                     shard_size: int = 512) -> FeatureCache:
-    """Run ``encoder.forward_features`` once per image not yet cached; return the cache holding every image.
+                     shard_size: int = 512, image_size: int = IMAGE_SIZE) -> FeatureCache:
+    """Run ``encoder.forward_features`` once per image not yet cached, each resized to ``image_size``; return the
+    cache holding every image.
 
     Layout: ``cache_dir/<encoder>-<grid>-<fingerprint[:16]>/`` with ``meta.json`` (full fingerprint, grid shape,
     dtype, preprocessing) and ``shard-*.safetensors`` files, each mapping up to ``shard_size`` image file names to
-    their grids [C, h, w] in float16. A changed encoder (weights, grid, preprocessing) has another fingerprint, so
-    it gets a new directory and old grids are never mixed in. Each shard is written to a temporary name and
-    renamed into place, so an interrupted run keeps its finished shards and resumes from them.
+    their grids [C, h, w] in float16. A changed encoder (weights, grid, preprocessing, image size) has another
+    fingerprint, so it gets a new directory and old grids are never mixed in. Each shard is written to a temporary
+    name and renamed into place, so an interrupted run keeps its finished shards and resumes from them.
     """
     paths = [Path(p) for p in image_paths]
     if not paths:
@@ -224,7 +230,7 @@ def extract_features(encoder, image_paths, cache_dir: str | Path, batch_size: in
     for p in paths:
         if by_name.setdefault(p.name, p) != p:
             raise AttnkitError(f"{p} and {by_name[p.name]}: two images named {p.name}; the cache is keyed by name")
-    fingerprint = encoder_fingerprint(encoder)
+    fingerprint = encoder_fingerprint(encoder, image_size)
     grid = getattr(encoder, "grid", "features")
     directory = Path(cache_dir) / f"{type(encoder).__name__.lower()}-{grid}-{fingerprint[:16]}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -249,14 +255,14 @@ def extract_features(encoder, image_paths, cache_dir: str | Path, batch_size: in
                                           desc="image grids") as bar:
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start:start + batch_size]
-                pixels = normalize(torch.stack([load_image(p) for p in chunk]).to(device))
+                pixels = normalize(torch.stack([load_image(p, image_size) for p in chunk]).to(device))
                 if channels_last:
                     pixels = pixels.contiguous(memory_format=torch.channels_last)
                 grids = fast.forward_features(pixels).contiguous().to("cpu", CACHE_DTYPE)
                 if not has_meta:  # a new directory: its metadata first, from the first grids' shape
                     meta = {"fingerprint": fingerprint, "encoder": type(encoder).__name__, "grid": grid,
                             "shape": list(grids.shape[1:]), "dtype": str(CACHE_DTYPE).removeprefix("torch."),
-                            "preprocessing": PREPROCESSING, "version": CACHE_VERSION}
+                            "preprocessing": preprocessing(image_size), "version": CACHE_VERSION}
                     _atomic_write_bytes(directory / "meta.json", (json.dumps(meta, indent=1) + "\n").encode())
                     has_meta = True
                 # clone: safetensors refuses tensors that share one storage

@@ -20,11 +20,12 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.decode.search import BeamStep, beam_step, greedy_step
-from attnkit.fast.decoding import FastDecoder
+from attnkit.fast.decoding import FastDecoder, GroupedDecoderState
 from attnkit.fast.precision import INT8_TOLERANCE, Int8Linear
 from attnkit.fast.ranking import argmax_rows, best_extensions
 from attnkit.fast.runtime import use
 from attnkit.models.contract import DecodingState, device_of
+from attnkit.models.transformer import Memory
 
 
 def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
@@ -46,15 +47,17 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
       fp32 weight only: AOTInductor cannot lower the packed product of a bf16 one.
     * ``ahead_of_time``: the search steps are exported and compiled by AOTInductor (:mod:`attnkit.fast.aot`)
       where the decoder's state allows it (the Transformer's grouped state), without the Python that
-      torch.compile runs around each call.
+      torch.compile runs around each call; so are ``encode`` and ``init_state``, as one package (its cache kept
+      with the steps'), in place of ``encoder``'s graphs.
     * ``check``: each search step is checked against the eager one on the first real batches, and kept only if
       it gives the same outputs and is faster (:class:`CheckedStep`); without, the compiled steps always run.
     * ``cache``: the ahead-of-time packages are kept in, and later loaded from, the user's cache
       (:func:`attnkit.fast.aot.cache_directory`), so that only the first process to decode with a model
       compiles them.
     * ``encoder``: ``encode`` and ``init_state`` under torch.compile too (once a batch, where the steps run once a
-      token); without, they run eagerly. Their graphs are traced and, frozen, compiled again by every process:
-      about ten seconds of each start that the cached packages do not save.
+      token), where ``ahead_of_time`` has no package for them (attention weights asked for); without, they run
+      eagerly there. Their graphs are traced and, frozen, compiled again by every process: about ten seconds of
+      each start that the cached packages do not save.
 
     What each of these gains, measured on which machine, is in docs/performance.md.
     """
@@ -111,12 +114,16 @@ class CompiledDecoder(nn.Module):
         steps = {"greedy_step": greedy_search_step, "beam_step": beam_search_step}
         self._search_steps = {name: _EagerForWeights(compile(partial(fn, eager_step)), partial(fn, eager_step))
                               for name, fn in steps.items()}
+        self._prepare = None  # src -> the state's tensors: the encoder and init_state as one package
         if ahead_of_time:
-            from attnkit.fast.aot import AheadOfTimeStep, cache_directory
+            from attnkit.fast.aot import AheadOfTimeEncoder, AheadOfTimeStep, cache_directory
 
             kept = cache_directory(inner, freeze=freeze, cpp_wrapper=cpp_wrapper) if cache else None
             self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name], kept)
                                   for name, fn in steps.items()}
+            if self.decoder.grouped:
+                self._aot_encoder = AheadOfTimeEncoder(self.decoder, kept)
+                self._prepare = lambda src: self._aot_encoder(src).tensors()
         if check:  # each compiled search step proves itself against the eager one on the first real batches
             # scores may differ by float rounding: a few units of the model's precision (bf16's is 2^-7); at int8 a
             # rounding difference upstream moves an activation across a quantization step, so the compiled and eager
@@ -127,9 +134,25 @@ class CompiledDecoder(nn.Module):
                 tolerance = INT8_TOLERANCE
             self._search_steps = {name: CheckedStep(name, self._search_steps[name], partial(fn, eager_step),
                                                     tolerance=tolerance) for name, fn in steps.items()}
-        self.encode = compile(self.decoder.encode) if encoder else self.decoder.encode
-        self.init_state = compile(self.decoder.init_state) if encoder else self.decoder.init_state
+            if self._prepare is not None:
+                self._prepare = CheckedStep("encoder", self._prepare,
+                                            lambda src: self._aot_encoder.eager(src).tensors(), tolerance=tolerance)
+        self._encode = compile(self.decoder.encode) if encoder else self.decoder.encode
+        self._init_state = compile(self.decoder.init_state) if encoder else self.decoder.init_state
         self.step = compile(eager_step)
+
+    def encode(self, src: Tensor, need_weights: bool = False):
+        """The model's ``encode``; ahead of time, the package that also makes the decoder's state (its memory, with
+        that state, is a :class:`PreparedMemory`, which :meth:`init_state` hands on)."""
+        if self._prepare is None or need_weights:
+            return self._encode(src, need_weights) if need_weights else self._encode(src)
+        state = GroupedDecoderState.from_tensors(self._prepare(src), 1)
+        return PreparedMemory(state.memory.states, state.memory.padding_mask, [], state)
+
+    def init_state(self, memory) -> DecodingState:
+        if isinstance(memory, PreparedMemory) and memory.state is not None:
+            return memory.state
+        return self._init_state(memory)
 
     def forward(self, *args, **kwargs):
         return self.decoder(*args, **kwargs)
@@ -152,7 +175,18 @@ class CompiledDecoder(nn.Module):
             if isinstance(inner, AheadOfTimeStep):
                 inner.sealed = True
                 sealed.append(name)
+        if self._prepare is not None:
+            self._aot_encoder.sealed = True
+            sealed.append("encoder")
         return sealed
+
+
+@dataclasses.dataclass
+class PreparedMemory(Memory):
+    """A memory that comes with the decoder's state made from it (by the encoder's package); ``select`` gives a
+    plain :class:`~attnkit.models.transformer.Memory`, whose state ``init_state`` makes again."""
+
+    state: DecodingState | None = None
 
 
 

@@ -197,7 +197,7 @@ def describe(m, default: bool) -> dict:
     if model.source == "image":
         from attnkit.nn.vision import grid_shape
 
-        grid = list(grid_shape(model.config.data.image_grid)[1:])
+        grid = list(grid_shape(model.config.data.image_grid, model.config.data.image_size)[1:])
     cfg = getattr(model.module, "cfg", None)
     positional = getattr(cfg, "positional", None) if positional_encoding(model, "target") is not None else None
     decode = {"beam": d.beam_size, "len_penalty": d.len_penalty, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
@@ -554,7 +554,7 @@ def _image_file(data: bytes):
 def image_grid(model) -> list[int]:
     from attnkit.nn.vision import grid_shape
 
-    return list(grid_shape(model.config.data.image_grid)[1:])
+    return list(grid_shape(model.config.data.image_grid, model.config.data.image_size)[1:])
 
 
 def run_caption(job: Job, settings) -> dict:

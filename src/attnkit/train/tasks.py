@@ -126,7 +126,7 @@ def load_grids(cfg: ExperimentConfig, images: list[Path], rank: int = 0, world: 
     for turn in range(2):  # rank 0 extracts; the others then find everything cached
         if (rank == 0) == (turn == 0):
             cache = extract_features(load_pretrained(cfg.data.image_grid), images, cfg.data.feature_cache,
-                                     progress=rank == 0)
+                                     progress=rank == 0, image_size=cfg.data.image_size)
         distributed.barrier(world)
     grids = cache.load([p.name for p in images])  # [N, C, h, w]
     return grids.flatten(2).transpose(1, 2).contiguous()
