@@ -114,6 +114,7 @@ class CompiledDecoder(nn.Module):
         steps = {"greedy_step": greedy_search_step, "beam_step": beam_search_step}
         self._search_steps = {name: _EagerForWeights(compile(partial(fn, eager_step)), partial(fn, eager_step))
                               for name, fn in steps.items()}
+        self._aot_encoder = None
         self._prepare = None  # src -> the state's tensors: the encoder and init_state as one package
         if ahead_of_time:
             from attnkit.fast.aot import AheadOfTimeEncoder, AheadOfTimeStep, cache_directory
@@ -144,8 +145,10 @@ class CompiledDecoder(nn.Module):
     def encode(self, src: Tensor, need_weights: bool = False):
         """The model's ``encode``; ahead of time, the package that also makes the decoder's state (its memory, with
         that state, is a :class:`PreparedMemory`, which :meth:`init_state` hands on)."""
-        if self._prepare is None or need_weights:
-            return self._encode(src, need_weights) if need_weights else self._encode(src)
+        if need_weights:
+            return self._encode(src, need_weights=True)
+        if self._prepare is None:
+            return self._encode(src)
         state = GroupedDecoderState.from_tensors(self._prepare(src), 1)
         return PreparedMemory(state.memory.states, state.memory.padding_mask, [], state)
 
@@ -175,7 +178,7 @@ class CompiledDecoder(nn.Module):
             if isinstance(inner, AheadOfTimeStep):
                 inner.sealed = True
                 sealed.append(name)
-        if self._prepare is not None:
+        if self._aot_encoder is not None:
             self._aot_encoder.sealed = True
             sealed.append("encoder")
         return sealed
