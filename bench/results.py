@@ -537,14 +537,20 @@ def _local(path: str | None) -> str | None:
 
 
 def block_decode_precision(results: dict) -> str:
-    """attnkit at each precision against CTranslate2, cell by cell, and BLEU per precision."""
-    r = results.get("decode_precision")
-    if r is None:
+    """attnkit at each precision against CTranslate2, cell by cell, and BLEU per precision: one table per machine
+    (decode_precision.json, and decode_precision_epyc.json where the bench ran on an AMD EPYC)."""
+    names = [n for n in ("decode_precision", "decode_precision_epyc") if n in results]
+    if not names:
         return absent("decode_precision")
+    return "\n".join(_decode_precision(results[n], n) for n in names)
+
+
+def _decode_precision(r: dict, name: str) -> str:
     systems = r.get("systems", {})
     labels = list(systems.get("attnkit_fp32", {}))
     names = [n for n in systems if n.startswith("attnkit_")] + [n for n in systems if n.startswith("ctranslate2")]
-    lines = [_ran(r, "decode_precision", f"CPU flags: {', '.join(get(r, 'metrics', 'cpu_flags', default=[]))}; "
+    flags = ", ".join(get(r, "metrics", "cpu_flags", default=[]))
+    lines = [f"**{machine(r)}.** " + _ran(r, name, f"CPU flags: {flags}; "
                   f"checkpoint `{text(_local(r.get('checkpoint')))}`; batch-1 cells over the first "
                   f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over {number(r.get('sentences'), 0)}")
              + ".", "",

@@ -62,6 +62,9 @@ class AheadOfTimeStep:
         self.packages: dict[tuple, _Package] = {}
         self.cache = None if cache is None else Path(cache)
         self.loaded = 0  # packages read from the cache rather than compiled
+        # the search under way began with one sentence: its steps run the one-sentence graphs (a batch whose other
+        # sentences have ended keeps the graphs it began with, which would otherwise compile in mid-search)
+        self._one_sentence = False
         # sealed (a server, once warmed up): a kind of call without a graph, or outside its graph's bounds, runs the
         # eager step rather than a compiler, which would keep that request waiting for tens of seconds
         self.sealed = False
@@ -73,15 +76,20 @@ class AheadOfTimeStep:
         if (flags and flags[0]) or not tokens.is_cpu or not exportable(state) or t != state.offset:
             return self.fallback(tokens, state, *args)
         # sizes that are constants of a graph (the beam size) tell graphs apart, as does beam search's first step
-        # (t == 0), which makes the beams
-        key = (type(state), state.beams, t == 0, *(tuple(x.size(d) for d in _constant_dims(x)) for x in tensors))
+        # (t == 0), which makes the beams, and a search of one sentence, whose graphs have every batch size fixed
+        sentences = state.memory.states.size(0)
+        if t == 0:
+            self._one_sentence = sentences == 1
+        single = self._one_sentence and sentences == 1
+        key = (type(state), state.beams, t == 0, single,
+               *(tuple(x.size(d) for d in _constant_dims(x)) for x in tensors))
         flat = [tokens, *state.tensors(), *tensors]
         eager = partial(self.search_step, self.step)
         if key not in self.packages:
             if self.sealed:
                 return eager(tokens, state, *args)
             if not any(n == 1 for x in flat for n in x.shape[1:]):  # not the caches at t == 1: see _Package.build
-                self.packages[key] = self._cached(key) or self._build(key, flat, state)
+                self.packages[key] = self._cached(key) or self._build(key, flat, state, single)
             return eager(tokens, state, *args)  # eagerly, while there is no graph
         package = self.packages[key]
         if package is None:  # its lowering failed: torch.compile's graph of the same step, in its place, decoded the
@@ -102,9 +110,9 @@ class AheadOfTimeStep:
         self.loaded += package is not None
         return package
 
-    def _build(self, key: tuple, flat: list[Tensor], state) -> _Package | None:
+    def _build(self, key: tuple, flat: list[Tensor], state, single: bool) -> _Package | None:
         return _compile_kept(self.cache, Path(self._directory.name), self._name(key), self.search_step.__name__,
-                             partial(_Package.build, self, flat, state))
+                             partial(_Package.build, self, flat, state, single))
 
 
 class AheadOfTimeEncoder:
@@ -247,6 +255,14 @@ def _constant_dims(x: Tensor) -> range:
     return range(1, x.dim()) if x.is_floating_point() else range(0)
 
 
+# Inductor's settings for a package. The weights are constants (freezing), so that what only depends on them (the
+# output projection's oneDNN packing, where it pays: compile.py) is done once, when the package is compiled; the
+# other linear layers stay library products, whose packed oneDNN form was slower at a decoding step's few rows.
+# (Inductor's own C++ GEMMs, chosen by timing them against the library's with max_autotune, decoded no faster
+# for one sentence and took longer to compile; AMD EPYC Zen 4.)
+GRAPH = {"freezing": True, "cpp.weight_prepack": False}
+
+
 class _Package:
     """One exported and compiled search step: its runner, how to build the step's result from the flat outputs
     (inputs that come back unchanged are taken from the inputs, not copied through the graph), and the bounds
@@ -256,9 +272,10 @@ class _Package:
         self.runner, self.structure, self.passed, self.bounds = runner, structure, passed, bounds
 
     @classmethod
-    def build(cls, aot: AheadOfTimeStep, flat: list[Tensor], state, path: Path) -> _Package:
+    def build(cls, aot: AheadOfTimeStep, flat: list[Tensor], state, single: bool, path: Path) -> _Package:
         """Export and compile ``aot``'s search step for inputs like ``flat`` (tokens, ``state.tensors()``, the
-        other tensors) into ``path``."""
+        other tensors) into ``path``; ``single``: for a search of one sentence, every size but the lengths fixed
+        (one greedy row multiplies by the output projection unpacked: compile.py's ``_OutputProjection``)."""
         state_type, beams, state_size = type(state), state.beams, len(state.tensors())
 
         def search_step(tokens, *inputs):
@@ -270,13 +287,16 @@ class _Package:
         dynamic = [{d: Dim.STATIC if n == 0 else Dim.AUTO for d, n in enumerate(x.shape)} for x in flat]
         for i in range(1 + state_size, len(flat)):
             dynamic[i].update({d: Dim.STATIC for d in _constant_dims(flat[i])})
+        if single:
+            for sizes in dynamic:
+                sizes[0] = Dim.STATIC
         return cls.export(aot.model, search_step, flat, dynamic, path)
 
     @classmethod
     def export(cls, model: nn.Module, fn, flat: list[Tensor], dynamic: list[dict], path: Path) -> _Package:
         """Export ``fn`` (of ``model``, whose weights become the package's constants) for inputs like ``flat``, with
-        the ``dynamic`` sizes of each, and compile it into ``path``. ``fn(*flat)`` returns tensors, states that
-        :func:`exportable` accepts, and tuples of them."""
+        the ``dynamic`` sizes of each, and compile it into ``path`` with Inductor's settings :data:`GRAPH`.
+        ``fn(*flat)`` returns tensors, states that :func:`exportable` accepts, and tuples of them."""
         recorded: dict = {}
 
         class Flat(nn.Module):
@@ -298,10 +318,13 @@ class _Package:
         # with another dim of size 1 (the caches at t == 1) does not build. The example's tensors are fresh and
         # contiguous, as the graph reads its inputs (a size-1 dim may have any stride), and sizes that happen to
         # be equal stay separate symbols.
-        example = tuple(torch.cat([x, x]) if x.dim() else x for x in flat)
+        # A graph whose batch sizes are all fixed is traced with them as they are.
+        fixed = all(x.dim() == 0 or sizes.get(0) == Dim.STATIC for x, sizes in zip(flat, dynamic, strict=True))
+        example = tuple(x.clone(memory_format=torch.contiguous_format) if fixed or not x.dim() else torch.cat([x, x])
+                        for x in flat)
         with torch.no_grad(), fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
             program = torch.export.export(Flat(), example, dynamic_shapes=(tuple(dynamic),), strict=False)
-            options = {"post_grad_custom_post_pass": _BiasAddAfterProduct()}
+            options = {**GRAPH, "post_grad_custom_post_pass": _BiasAddAfterProduct()}
             torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
         runner = torch._inductor.aoti_load_package(str(path))
         return cls(runner, recorded["structure"], recorded["passed"], _bounds(program))
