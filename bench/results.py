@@ -604,13 +604,18 @@ def block_decode_profile(results: dict) -> str:
 
 
 def block_train_throughput(results: dict) -> str:
-    """attnkit against Hugging Face Marian on the Multi30k batches, at fp32 and (where the CPU has it) bf16."""
-    r = results.get("train_throughput")
-    if r is None:
+    """attnkit against Hugging Face Marian on the Multi30k batches, at fp32 and (where the CPU has it) bf16: one
+    table per machine (train_throughput.json, and train_throughput_epyc.json where it ran on an AMD EPYC)."""
+    names = [n for n in ("train_throughput", "train_throughput_epyc") if n in results]
+    if not names:
         return absent("train_throughput")
+    return "\n".join(_train_throughput(results[n], n) for n in names)
+
+
+def _train_throughput(r: dict, name: str) -> str:
     m = r.get("metrics", {})
     flags = get(r, "machine", "cpu_flags", default=[])
-    lines = [_ran(r, "train_throughput", f"{number(r.get('steps'), 0)} timed steps each in "
+    lines = [f"**{machine(r)}.** " + _ran(r, name, f"{number(r.get('steps'), 0)} timed steps each in "
                   f"{number(r.get('rounds'), 0)} alternating rounds; CPU flags: {', '.join(flags) or NOT_RECORDED}")
              + ".", "",
              "| system | target tokens/s | model GFLOP/s | of the fp32 matmul peak | validation loss after the same "
