@@ -12,7 +12,8 @@ A state can be exported if it is a flat list of tensors (``state.tensors()``, an
 fallback (``compile_step``'s torch.compile graph).
 
 Each package holds the model's weights as constants of its own: a search makes two (its first step, its later
-steps), so greedy decoding and beam search together hold four copies of the weights beside the model's.
+steps), and two more for searches of one sentence, so greedy decoding and beam search together hold up to eight
+copies of the weights beside the model's.
 
 Compiling a package takes tens of seconds; with a ``cache`` directory (:func:`cache_directory`: one per model's
 weights, torch version, attnkit source and CPU) each package is written there once, with a record of how to use
@@ -50,9 +51,11 @@ class AheadOfTimeStep:
     of ``model.step`` as ``step`` (its eager version), called as a search calls it: ``(tokens, state, *tensors,
     t, *flags)``, where the first flag is ``need_weights``.
 
-    The first call of each kind (state type and beams, beam size, first step or not) runs eagerly and exports and
-    compiles a package from its inputs' shapes; later calls of that kind run the package. Sizes stay symbols (a
-    graph made for one sentence at cache length 2 serves 64 sentences and length 30); sizes the graph bounds
+    The first call of each kind (state type and beams, beam size, first step or not, a search of one sentence or
+    not) runs eagerly and exports and compiles a package from its inputs' shapes; later calls of that kind run the
+    package. Sizes stay symbols (a graph made for 4 sentences at cache length 2 serves 64 sentences, or the last
+    one left, and length 30), but for a search that began with one sentence, whose graphs fix every size but the
+    lengths (then one greedy row multiplies by the output projection unpacked); sizes the graph bounds
     (the positional table's length) are checked before each call, and the fallback runs outside them. A kind whose
     lowering fails runs the eager step, with one warning line.
     """
