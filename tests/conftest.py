@@ -37,6 +37,16 @@ def pytest_configure(config):
                                        "time; `make test` runs it, `make test-fast` skips it")
 
 
+def pytest_collection_modifyitems(items):
+    """The slow tests (training, compiling) first in each half of the run, every other one in each: ``make test``'s
+    two workers begin with a half each (pytest-xdist's worksteal) and take work from each other only at its end, so
+    slow tests left to the end, or all in one half, would run one after another while the other worker idles."""
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    rest = [item for item in items if not item.get_closest_marker("slow")]
+    first = len(items) // 2 - len(slow[0::2])
+    items[:] = slow[0::2] + rest[:first] + slow[1::2] + rest[first:]
+
+
 def tiny_model_config(**overrides) -> TransformerConfig:
     base = {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 2, "n_decoder_layers": 2, "dropout": 0.0,
             "attention_dropout": 0.0, "activation_dropout": 0.0, "max_positions": 128, "share_embeddings": True}

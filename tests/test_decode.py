@@ -482,25 +482,13 @@ def test_generate_records_no_autograd_graph(model, src):
 # --- torch.compile (attnkit.fast.compile_step)
 
 
-@pytest.mark.slow
-@torch.no_grad()
-def test_two_frozen_models_in_one_process_keep_their_own_weights(model, src):
-    """Both models share ``step``'s code; frozen, the weights are constants of the compiled graph, so the second
-    model must get its own graph (a guard filter that skipped the module checks once gave it the first one's).
-    (Two random tiny models both repeat BOS: the trained one and a random one decode differently.)"""
-    first, second = model, make_model(seed=1)
-    lens = _max_lens(src)
-    eager = [[h.tokens for h in greedy(m, _init(m, src), lens)] for m in (first, second)]
-    assert eager[0] != eager[1]
-    torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
-    frozen = compile_step(first, freeze=True, check=False)
-    decodes_like_eager(first, frozen, src)  # the frozen case of test_a_compiled_step_decodes_like_the_eager_one
-    for m, expected in zip((frozen, compile_step(second, freeze=True, check=False)), eager):
-        assert [h.tokens for h in greedy(m, _init(m, src), lens)] == expected
-
-
 def _weights(model):
     return {name: (p.detach().clone(), p.stride()) for name, p in model.state_dict(keep_vars=True).items()}
+
+
+def _same_weights(before, after) -> bool:
+    return before.keys() == after.keys() and all(
+        torch.equal(before[n][0], after[n][0]) and before[n][1] == after[n][1] for n in before)
 
 
 def decodes_like_eager(model, compiled, src) -> None:
@@ -516,43 +504,27 @@ def decodes_like_eager(model, compiled, src) -> None:
         eager = search(model)
         assert [h[0].tokens for h in fast] == [h[0].tokens for h in eager]
         assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in eager], abs=1e-4)
-    after = _weights(model)
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[n][0], after[n][0]) and before[n][1] == after[n][1] for n in before)
+    assert _same_weights(before, _weights(model))
     assert all(m.kernel is reference_attention for m in model.modules() if hasattr(m, "kernel"))
 
 
 @pytest.mark.slow
 @torch.no_grad()
-def test_a_compiled_step_decodes_like_the_eager_one(model, src):
-    """``attnkit translate --compile``, weights not frozen (test_two_frozen_models_in_one_process_keep_their_own_
-    weights checks the frozen step the same way)."""
-    torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
-    decodes_like_eager(model, compile_step(model, check=False), src)
-
-
-@pytest.mark.slow
-@torch.no_grad()
-def test_a_compiled_decoder_does_not_recompile_for_new_batch_sizes_or_lengths(model):
-    """Shapes that vary (the batch, the source length, the cache length) are dynamic from the start: once greedy
-    decoding and beam search have run on one sentence and on a batch (the sizes 0 and 1 are compiled apart), no
-    other batch size or length compiles a graph again."""
+def test_a_compiled_decoder_decodes_like_eager_and_does_not_recompile_for_new_batch_sizes_or_lengths(model):
+    """``attnkit translate --compile`` (weights not frozen) decodes every batch it is given as eager decoding does
+    (:func:`decodes_like_eager`). Shapes that vary (the batch, the source length, the cache length) are dynamic
+    from the start: once greedy decoding and beam search have run on one sentence and on a batch (the sizes 0 and 1
+    are compiled apart), no other batch size or length compiles a graph again."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
     compiled = compile_step(model, check=False)
-
-    def decode(src):
-        lens = _max_lens(src)
-        greedy(compiled, _init(compiled, src), lens)
-        beam_search(compiled, _init(compiled, src), lens, beam_size=3)
-
     for warmup in (random_src([5], vocab=VOCAB, seed=1), random_src([6, 3, 5, 2], vocab=VOCAB, seed=2)):
-        decode(warmup)
+        decodes_like_eager(model, compiled, warmup)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0
     for seed, lengths in enumerate(([7], [2, 9], [4, 4, 4], [11, 1, 6, 3, 8, 5, 2], [3] * 12), start=3):
-        decode(random_src(lengths, vocab=VOCAB, seed=seed))
+        decodes_like_eager(model, compiled, random_src(lengths, vocab=VOCAB, seed=seed))
         assert counters["stats"]["unique_graphs"] == graphs, f"recompiled for sources of lengths {lengths}"
 
 
@@ -575,22 +547,31 @@ def test_a_compiled_decoder_stores_linear_weights_column_major(model):
 @pytest.mark.internals
 @torch.no_grad()
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN packing is a CPU build's")
-def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_model(model, src):
+def test_frozen_steps_pack_the_output_projection_alone_beside_an_unfrozen_model_and_keep_their_own_weights(model,
+                                                                                                       src):
     """Frozen and packed, the vocabulary-wide output projection is a oneDNN product with its weight packed once,
     and the layers' small products stay MKL's (packed for oneDNN, they were slower at these sizes); a step of one
     row (the batch's last sentence, a graph of its own) multiplies by it unpacked. An unfrozen model compiled first
-    shares the step's code and Dynamo's graphs for it: the frozen one must not run them (they do not pack)."""
+    shares the step's code and Dynamo's graphs for it: the frozen one must not run them (they do not pack).
+    A second frozen model shares the code too, but its weights are constants of graphs of its own (a guard filter
+    that skipped the module checks once gave it the first one's). Greedy steps only: the frozen beam step is the
+    ahead-of-time packages' (tests/test_aot.py); the encoders eager, as they are not what this test is about."""
     torch._dynamo.reset()  # past the recompile limit, which earlier tests' graphs count towards, steps run eager
     lens = _max_lens(src)
-    expected = [h.tokens for h in greedy(model, _init(model, src), lens)]
+    second = make_model(seed=1)  # random: it repeats BOS, where the trained model does not
+    eager = {m: greedy(m, _init(m, src), lens) for m in (model, second)}
+    expected = [h.tokens for h in eager[model]]
+    assert expected != [h.tokens for h in eager[second]]
+    before = _weights(model)
     # the same options for both: Dynamo keeps graphs compiled with other options apart anyway (it checks the backend)
-    unfrozen = compile_step(model, cpp_wrapper=False, check=False)
+    unfrozen = compile_step(model, cpp_wrapper=False, check=False, encoder=False)
     assert [h.tokens for h in greedy(unfrozen, _init(unfrozen, src), lens)] == expected
     # packing asked for (by default it is used only where it measures faster); the Python wrapper: ops profiled
-    frozen = compile_step(model, freeze=True, cpp_wrapper=False, pack_output=True, check=False)
+    frozen = compile_step(model, freeze=True, cpp_wrapper=False, pack_output=True, check=False, encoder=False)
     assert [h.tokens for h in greedy(frozen, _init(frozen, src), lens)] == expected
+    state = _init(frozen, src)  # the eager encoder's products outside the count
     with torch.profiler.profile() as prof:
-        hyps = greedy(frozen, _init(frozen, src), lens)
+        hyps = greedy(frozen, state, lens)
     calls = {e.key: e.count for e in prof.key_averages()}
     lengths = sorted(len(h.tokens) + 1 for h in hyps)
     steps, several = lengths[-1], lengths[-2]  # all steps, and those with two sentences or more still decoding
@@ -598,6 +579,12 @@ def test_a_frozen_step_packs_the_output_projection_alone_beside_an_unfrozen_mode
     assert calls.get("mkldnn::_linear_pointwise") == several  # one packed product a step of several rows
     assert calls.get("aten::_reorder_linear_weight", 0) == calls.get("mkldnn::_reorder_linear_weight", 0) == 0
     assert calls.get("aten::addmm", 0) >= steps * len(model.decoder)  # the layers' products, unpacked
+    assert [h.score for h in hyps] == pytest.approx([h.score for h in eager[model]], abs=1e-4)
+    other = compile_step(second, freeze=True, cpp_wrapper=False, pack_output=True, check=False, encoder=False)
+    hyps = greedy(other, _init(other, src), lens)
+    assert [h.tokens for h in hyps] == [h.tokens for h in eager[second]]
+    assert [h.score for h in hyps] == pytest.approx([h.score for h in eager[second]], abs=1e-4)
+    assert _same_weights(before, _weights(model))
 
 
 def test_a_tiny_temperature_samples_the_most_likely_token():
