@@ -15,6 +15,7 @@ import functools
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -43,8 +44,9 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
       ``x @ W^T`` hands BLAS a contiguous [in, out] matrix: faster at a decoding step's few rows.
     * ``cpp_wrapper``: Inductor calls the kernels from C++ instead of generated Python.
     * ``freeze``: Inductor treats the weights as constants; the output projection may then be a oneDNN product
-      with its weight packed once (``pack_output``; None: if that measures faster on this machine, on 32 rows), an
-      fp32 weight only: AOTInductor cannot lower the packed product of a bf16 one.
+      with its weight packed once (``pack_output``; None: as in the packages ``cache`` keeps, else if that measures
+      faster on this machine, on 32 rows), an fp32 weight only: AOTInductor cannot lower the packed product of a
+      bf16 one.
     * ``ahead_of_time``: the search steps are exported and compiled by AOTInductor (:mod:`attnkit.fast.aot`)
       where the decoder's state allows it (the Transformer's grouped state), without the Python that
       torch.compile runs around each call; so are ``encode`` and ``init_state``, as one package (its cache kept
@@ -89,8 +91,20 @@ class CompiledDecoder(nn.Module):
         options = {"cpp_wrapper": cpp_wrapper, "guard_filter_fn": _keep_identities_and_constants}
         can_pack = freeze and torch.backends.mkldnn.is_available() and device_of(inner).type == "cpu"
         output = getattr(inner, "output", None)
+        packs = isinstance(output, nn.Linear) and output.weight.dtype == torch.float32 and can_pack
+        kept: dict[bool, Path] = {}  # the cache directory of the packages with the output projection packed or not
+        if ahead_of_time and cache:
+            from attnkit.fast.aot import cache_directory
+
+            kept = {choice: cache_directory(inner, freeze=freeze, cpp_wrapper=cpp_wrapper, pack_output=choice)
+                    for choice in ((True, False) if packs else (False,))}
+        if packs and pack_output is None:
+            # packages already kept decide: timed anew, a close call could go the other way in the next process,
+            # whose start would then compile everything again
+            pack_output = next((choice for choice, directory in kept.items() if any(directory.glob("*.json"))),
+                               None)
+        prepack = False
         if isinstance(output, nn.Linear):
-            packs = output.weight.dtype == torch.float32 and can_pack
             prepack = packs and (_packing_pays(output.weight.detach()) if pack_output is None else pack_output)
             if prepack:
                 _register_fake_weight_packing()
@@ -117,13 +131,14 @@ class CompiledDecoder(nn.Module):
         self._aot_encoder = None
         self._prepare = None  # src -> the state's tensors: the encoder and init_state as one package
         if ahead_of_time:
-            from attnkit.fast.aot import AheadOfTimeEncoder, AheadOfTimeStep, cache_directory
+            from attnkit.fast.aot import AheadOfTimeEncoder, AheadOfTimeStep
 
-            kept = cache_directory(inner, freeze=freeze, cpp_wrapper=cpp_wrapper) if cache else None
-            self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name], kept)
+            directory = kept[prepack] if kept else None
+            self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name],
+                                                        directory)
                                   for name, fn in steps.items()}
             if self.decoder.grouped:
-                self._aot_encoder = AheadOfTimeEncoder(self.decoder, kept)
+                self._aot_encoder = AheadOfTimeEncoder(self.decoder, directory)
                 self._prepare = lambda src: self._aot_encoder(src).tensors()
         if check:  # each compiled search step proves itself against the eager one on the first real batches
             # scores may differ by float rounding: a few units of the model's precision (bf16's is 2^-7); at int8 a
