@@ -554,8 +554,8 @@ def test_frozen_steps_pack_the_output_projection_alone_beside_an_unfrozen_model_
     row (the batch's last sentence, a graph of its own) multiplies by it unpacked. An unfrozen model compiled first
     shares the step's code and Dynamo's graphs for it: the frozen one must not run them (they do not pack).
     A second frozen model shares the code too, but its weights are constants of graphs of its own (a guard filter
-    that skipped the module checks once gave it the first one's). Greedy steps only: the frozen beam step is the
-    ahead-of-time packages' (tests/test_aot.py); the encoders eager, as they are not what this test is about."""
+    that skipped the module checks once gave it the first one's). The frozen beam step decodes as eager beam search
+    does; the second model's greedy steps only. The encoders eager, as they are not what this test is about."""
     torch._dynamo.reset()  # past the recompile limit, which earlier tests' graphs count towards, steps run eager
     lens = _max_lens(src)
     second = make_model(seed=1)  # random: it repeats BOS, where the trained model does not
@@ -580,6 +580,10 @@ def test_frozen_steps_pack_the_output_projection_alone_beside_an_unfrozen_model_
     assert calls.get("aten::_reorder_linear_weight", 0) == calls.get("mkldnn::_reorder_linear_weight", 0) == 0
     assert calls.get("aten::addmm", 0) >= steps * len(model.decoder)  # the layers' products, unpacked
     assert [h.score for h in hyps] == pytest.approx([h.score for h in eager[model]], abs=1e-4)
+    beams = beam_search(frozen, _init(frozen, src), lens, beam_size=3)
+    expected_beams = beam_search(model, _init(model, src), lens, beam_size=3)
+    assert [h[0].tokens for h in beams] == [h[0].tokens for h in expected_beams]
+    assert [h[0].score for h in beams] == pytest.approx([h[0].score for h in expected_beams], abs=1e-4)
     other = compile_step(second, freeze=True, cpp_wrapper=False, pack_output=True, check=False, encoder=False)
     hyps = greedy(other, _init(other, src), lens)
     assert [h.tokens for h in hyps] == [h.tokens for h in eager[second]]
