@@ -194,21 +194,24 @@ def _padding(lengths: list[int], total: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("training", [False, True])
-def test_fused_attention_layer_equals_core_with_masks_and_a_fully_padded_row(training, monkeypatch):
+@pytest.mark.parametrize("length", [6, 70])
+def test_fused_attention_layer_equals_core_with_masks_and_a_fully_padded_row(length, training, monkeypatch):
     """One multi-head attention, its fused kernel against the core's: padding (a row all padding: zero output
     from the heads, no NaN, in the outputs or the gradients), causal masks over as many keys as queries and over
-    a cache (more keys than queries), cross-attention; outputs and input gradients."""
-    calls = _count_calls(monkeypatch, fast_attention, "_sdpa")
+    a cache (more keys than queries), cross-attention; outputs and input gradients. Sentences of 6 tokens take
+    the short-keys kernel (padded to a vector's width), of 70 PyTorch's SDPA."""
+    short = _count_calls(monkeypatch, fast_attention, "short_attention")
+    sdpa = _count_calls(monkeypatch, fast_attention, "_sdpa")
     torch.manual_seed(0)
     core = MultiHeadAttention(32, 4).train(training)
     with torch.no_grad():
         core.in_proj.bias.normal_()
         core.out_proj.bias.normal_()
     fused = use(copy.deepcopy(core), "fused_attention")
-    x, memory = torch.randn(3, 6, 32), torch.randn(3, 5, 32)
-    kpm, mem_kpm = _padding([6, 3, 0], 6), _padding([5, 2, 0], 5)
-    prefix = KVCache(torch.randn(3, 4, 2, 8), torch.randn(3, 4, 2, 8))  # two cached positions: 6 queries, 8 keys
-    prefix_kpm = _padding([8, 5, 0], 8)
+    x, memory = torch.randn(3, length, 32), torch.randn(3, length - 1, 32)
+    kpm, mem_kpm = _padding([length, 3, 0], length), _padding([length - 1, 2, 0], length - 1)
+    prefix = KVCache(torch.randn(3, 4, 2, 8), torch.randn(3, 4, 2, 8))  # two cached positions: 2 more keys
+    prefix_kpm = _padding([length + 2, 5, 0], length + 2)
     cases = {
         "padding": dict(key_padding_mask=kpm),
         "causal": dict(causal=True),
@@ -233,8 +236,39 @@ def test_fused_attention_layer_equals_core_with_masks_and_a_fully_padded_row(tra
             assert torch.isfinite(fused_grad).all(), name
             assert _maxdiff(fused_grad, core_grad) <= 1e-5, name
         if "padding" in name or name == "cross":  # the third row sees no key: zero heads, the output's bias
-            assert torch.equal(fused_out[2].detach(), fused.out_proj.bias.detach().expand(6, 32)), name
-    assert len(calls) == len(cases)  # every case ran the fused kernel
+            assert torch.equal(fused_out[2].detach(), fused.out_proj.bias.detach().expand(length, 32)), name
+    # every case ran the fused kernel: the short-keys one below SHORT_KEYS keys, SDPA from there on
+    assert (len(short), len(sdpa)) == ((len(cases), 0) if length + 2 < fast_attention.SHORT_KEYS else (0, len(cases)))
+
+
+@pytest.mark.parametrize("keys", [1, 5, 15, 16, 17, 40])
+def test_short_attention_equals_core_over_every_key_length_with_gradients(keys):
+    """The short-keys kernel against the core's attention, below a vector's width (keys padded with zero weight),
+    at it and above it: causal over more keys than queries, key padding with one sequence all padding, and
+    attention dropout (the same mask drawn: the kernel's weights are the core's before dropout); outputs and the
+    gradients of queries, keys and values."""
+    torch.manual_seed(keys)
+    b, h, t, dh = 3, 2, 4, 8
+    q, k, v = torch.randn(b, h, t, dh), torch.randn(b, h, keys, dh), torch.randn(b, h, keys, dh)
+    kpm = _padding([keys, max(keys - 2, 1), 0], keys)
+    cases = [dict(), dict(key_padding_mask=kpm), dict(key_padding_mask=kpm, dropout=0.25)]
+    if keys >= t:  # causal: every query sees at least its own key
+        cases += [dict(causal=True), dict(key_padding_mask=kpm, causal=True)]
+    for kwargs in cases:
+        results = []
+        for attention in (fast_attention.short_attention, None):
+            leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+            torch.manual_seed(1)
+            if attention is None:
+                out = reference_attention(*leaves, **kwargs)[0]
+            else:
+                out = attention(*leaves, kwargs.get("key_padding_mask"), kwargs.get("causal", False),
+                                kwargs.get("dropout", 0.0))
+            out.square().sum().backward()
+            results.append((out, *(x.grad for x in leaves)))
+        for fast, core, what in zip(*results, ("outputs", "queries", "keys", "values"), strict=True):
+            assert torch.isfinite(fast).all(), (kwargs, what)
+            torch.testing.assert_close(fast, core, rtol=1e-5, atol=1e-5, msg=f"{kwargs} {what}")
 
 
 @pytest.mark.parametrize("training", [False, True])
@@ -242,7 +276,7 @@ def test_fused_attention_layer_equals_core_with_masks_and_a_fully_padded_row(tra
 def test_fused_attention_model_equals_core(family, training, monkeypatch):
     """A Transformer (a source row all padding among them) and a language model (causal self-attention only):
     the fused kernels give the core's logits, in training (with autograd) and in eval, and the same gradients."""
-    calls = _count_calls(monkeypatch, fast_attention, "_sdpa")
+    calls = _count_calls(monkeypatch, fast_attention, "teacher_forced_attention")
     core = make_model() if family == "transformer" else _lm()
     fused = use(copy.deepcopy(core), "fused_attention")
     src = random_src(LENGTHS, VOCAB, seed=3)

@@ -1,7 +1,8 @@
 """Attention kernels faster than :func:`attnkit.nn.attention.reference_attention`, with its signature and results.
 
-* :func:`fused_attention`: PyTorch's ``scaled_dot_product_attention``, which never builds the [T, S] weights
-  (flash or memory-efficient kernels): what training and teacher-forced passes run.
+* :func:`teacher_forced_attention`: what training and teacher-forced passes run. Over short keys (fewer than
+  :data:`SHORT_KEYS`, sentences) it is :func:`short_attention`, two batched matrix products and a softmax; over
+  longer ones PyTorch's ``scaled_dot_product_attention``, whose flash kernel never builds the [T, S] weights.
 * :func:`single_query_attention`: a decoding step, where each row has one query (or a source sentence's beams,
   all seeing the same keys): two batched matrix products cost a third of SDPA's kernel at these shapes.
 
@@ -45,6 +46,66 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Te
     return torch.bmm(weights, v).view(b, h, g, dh)
 
 
+# Below this many keys, two batched products and a softmax beat SDPA's flash kernel, forward and backward: 1.2x to
+# 2.7x for the sentences of a translation batch (1,500 tokens, 4 heads of 32, one core of an AMD EPYC Zen 4), even
+# at 48 keys; at 64 they tie and beyond it flash wins, and it never holds the [T, S] weights (docs/performance.md)
+SHORT_KEYS = 64
+# PyTorch's CPU softmax over fewer elements than one vector register holds takes a scalar path: over 15 keys it ran
+# 10x slower than over 16, forward, and 20x backward. Shorter key rows are padded to this many, with zero weight
+VECTOR_KEYS = 16
+
+
+def short_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None, causal: bool = False,
+                    dropout: float = 0.0) -> Tensor:
+    """softmax(q k^T / sqrt(d_head) + bias) v, with the masks as an additive bias (-inf where a key is padding or in
+    the future): q [B, H, T, d_head], k and v [B, H, S, d_head], key_padding_mask [B, S] (True = pad) -> [B, H, T,
+    d_head]. ``dropout`` drops attention weights, as the core does.
+
+    Fewer than :data:`VECTOR_KEYS` keys are padded to that many for the softmax, under a -inf bias: their weights
+    are exactly zero, and dropped before the values are weighted. A query that sees no key gets a zero output, as in the
+    reference.
+    """
+    b, h, t, dh = q.shape
+    s = k.size(2)
+    width = max(s, VECTOR_KEYS)
+    bias = None  # [B or 1, 1, T or 1, width]
+    if width > s or key_padding_mask is not None:
+        hidden = F.pad(key_padding_mask, (0, width - s), value=True) if key_padding_mask is not None else \
+            (torch.arange(width, device=q.device) >= s)[None, :]
+        bias = q.new_zeros(hidden.shape).masked_fill_(hidden, float("-inf"))[:, None, None, :]
+    if causal and t > 1:
+        future = torch.ones(t, width, dtype=torch.bool, device=q.device).triu(diagonal=s - t + 1)
+        bias = q.new_zeros(t, width).masked_fill_(future, float("-inf")) + (0.0 if bias is None else bias)
+    empty = None
+    if key_padding_mask is not None:
+        empty = key_padding_mask.all(dim=-1)  # a sequence that is all padding: zeros, not NaN
+        if empty.any():
+            bias = bias.masked_fill(empty[:, None, None, None], 0.0)
+            empty = empty[:, None, None, None]
+        else:
+            empty = None
+    keys = F.pad(k, (0, 0, 0, width - s)) if width > s else k
+    # scaled in place, after the product: bmm's backward needs not its output, and the scores are the smaller side
+    scores = torch.bmm(q.reshape(b * h, t, dh), keys.reshape(b * h, width, dh).transpose(1, 2)).mul_(dh**-0.5)
+    if bias is not None:
+        scores = scores.view(b, h, t, width).add_(bias).view(b * h, t, width)
+    weights = torch.softmax(scores, dim=-1)[..., :s]  # the padding's weights are zero: dropped
+    if dropout > 0:
+        weights = F.dropout(weights, dropout)
+    out = torch.bmm(weights, v.reshape(b * h, s, dh)).view(b, h, t, dh)
+    return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+def teacher_forced_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None,
+                             causal: bool = False, dropout: float = 0.0) -> Tensor:
+    """Attention without its weights for a whole sequence of queries (:func:`short_attention`'s signature): that
+    function over fewer than :data:`SHORT_KEYS` keys on a CPU, else PyTorch's SDPA. A compiled graph keeps SDPA:
+    its key length is dynamic, and a branch on it would split the graph."""
+    if k.size(2) < SHORT_KEYS and q.device.type == "cpu" and not torch.compiler.is_compiling():
+        return short_attention(q, k, v, key_padding_mask, causal, dropout)
+    return _sdpa(q, k, v, key_padding_mask, causal, dropout)
+
+
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, causal: bool, dropout: float) -> Tensor:
     t, s = q.size(2), k.size(2)
     if causal and t == s and key_padding_mask is None:
@@ -70,8 +131,9 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, caus
 
 def make_kernel(fused: bool = True, decoding: bool = True):
     """An attention kernel (:func:`~attnkit.nn.attention.reference_attention`'s signature): ``fused``:
-    SDPA for teacher-forced passes; ``decoding``: :func:`single_query_attention` for one query per row without
-    autograd (a decoding step). Anything else, and every request for the weights, runs the reference."""
+    :func:`teacher_forced_attention` for teacher-forced passes; ``decoding``: :func:`single_query_attention` for
+    one query per row without autograd (a decoding step). Anything else, and every request for the weights, runs
+    the reference."""
 
     def kernel(q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None = None, causal: bool = False,
                dropout: float = 0.0, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -79,7 +141,7 @@ def make_kernel(fused: bool = True, decoding: bool = True):
             if decoding and q.size(2) == 1 and dropout == 0.0 and not torch.is_grad_enabled():
                 return single_query_attention(q, k, v, key_padding_mask), None
             if fused:
-                return _sdpa(q, k, v, key_padding_mask, causal, dropout), None
+                return teacher_forced_attention(q, k, v, key_padding_mask, causal, dropout), None
         return reference_attention(q, k, v, key_padding_mask=key_padding_mask, causal=causal, dropout=dropout,
                                    need_weights=need_weights)
 

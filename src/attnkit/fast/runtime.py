@@ -7,8 +7,9 @@ the same, which the tests check trick by trick against the core):
   64-bit draw for four elements; same expectation, other masks than PyTorch's).
 * ``"fused_loss"``: the output projection and label-smoothed loss as one autograd function that makes logits only
   where the target is real and writes the gradient into the softmax (:mod:`attnkit.fast.loss`).
-* ``"fused_attention"``: PyTorch's ``scaled_dot_product_attention`` in every multi-head attention that is not
-  asked for its weights (:mod:`attnkit.fast.attention`).
+* ``"fused_attention"``: in every multi-head attention that is not asked for its weights, two batched matrix
+  products over short keys and PyTorch's ``scaled_dot_product_attention`` over long ones
+  (:func:`attnkit.fast.attention.teacher_forced_attention`).
 * ``"decoding_attention"``: two batched matrix products for a decoding step's single query per row.
 
 Decoding tricks that need a decoder of their own (grouped beams, chunked ranking, compiled steps) are in
