@@ -48,7 +48,8 @@ def launches(run: Path) -> list[dict]:
     path = run / "run.jsonl"
     if not path.is_file():
         return []
-    return [{"time": r["time"], "argv": r["argv"][1:], "world_size": r["world_size"], "git_commit": r["git_commit"]}
+    return [{"time": r["time"], "argv": r["argv"][1:], "world_size": r["world_size"], "git_commit": r["git_commit"],
+             "precision": r.get("precision")}  # what train.precision trained at, "auto" resolved
             for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())]
 
 

@@ -856,8 +856,11 @@ def block_train_end_to_end(results: dict) -> str:
         return absent("multi30k_en_de")
     ranks = sorted({launch.get("world_size") for launch in r.get("launches") or [] if launch.get("world_size")})
     fast = get(r, "config", "train", "fast", default=[])
+    # the precision each launch trained at ("auto" resolved), where recorded; else the config's
+    precisions = sorted({launch["precision"] for launch in r.get("launches") or [] if launch.get("precision")})
+    precision = " and ".join(precisions) or text(get(r, "config", "train", "precision"))
     extra = (f"{' or '.join(number(n, 0) for n in ranks) or NOT_RECORDED} ranks; training precision "
-             f"{text(get(r, 'config', 'train', 'precision'))}, the fast training pieces "
+             f"{precision}, the fast training pieces "
              + (", ".join(f"`{f}`" for f in fast) if fast else "none"))
     return (f"{_ran(r, 'multi30k_en_de', extra)}: {number(r.get('tokens_per_s'), 0)} target tokens/s averaged over "
             f"{number(r.get('steps'), 0)} steps in {minutes(r)} training minutes.\n")

@@ -255,6 +255,26 @@ def test_bf16_training_is_refused_on_a_cpu_without_its_instructions(tmp_path, da
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("flags", [{"avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16"}, {"avx2", "amx_bf16"}])
+def test_auto_precision_trains_bf16_where_the_cpu_has_its_instructions_and_fp32_elsewhere(tmp_path, dates_pairs,
+                                                                                          monkeypatch, flags):
+    """``train.precision = "auto"`` autocasts to bf16 on a CPU with AVX512_BF16 or AMX-BF16, trains fp32 without
+    (never refused), and run.jsonl records what it resolved to."""
+    from attnkit.fast import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
+    trainer = Trainer(tiny_experiment(precision="auto", device="cpu", max_steps=1), tmp_path,
+                      train_pairs=dates_pairs, valid_pairs=generate_dates(20, seed=1))
+    seen = []
+    trainer.model.encoder[0].ffn.linear1.register_forward_hook(
+        lambda m, i, out: seen.append(out.dtype) if m.training else None)
+    trainer.train()
+    expected = "bf16" if flags & {"avx512_bf16", "amx_bf16"} else "fp32"
+    assert set(seen) == {torch.bfloat16 if expected == "bf16" else torch.float32}
+    launches = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [launch["precision"] for launch in launches] == [expected]
+
+
 @pytest.mark.skipif(not {"avx512_bf16", "amx_bf16"} & cpu_flags(),
                     reason="bf16 training runs only on a CPU with AVX512_BF16 or AMX-BF16")
 def test_bf16_training_on_a_cpu_computes_its_matrix_products_in_bf16_and_tracks_fp32(tmp_path, dates_pairs):

@@ -295,7 +295,8 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp (replicas) | fsdp (parameters, gradients, Adam moments sharded)
     device: str = "auto"  # auto (CUDA when there is one) | cpu | cuda; under torchrun, GPU LOCAL_RANK
     # fp32 | bf16 | fp16: mixed precision (autocast; fp16 with loss scaling) on CUDA; on a CPU bf16 only, where it
-    # has AVX512_BF16 or AMX (elsewhere refused: bf16 matrix products there are tens of times slower than fp32)
+    # has AVX512_BF16 or AMX (elsewhere refused: bf16 matrix products there are tens of times slower than fp32);
+    # auto: bf16 where the hardware has bf16 matrix instructions (that CPU, a CUDA GPU that supports bf16), else fp32
     precision: str = "fp32"
     tensorboard: bool = False
     progress: bool = True
@@ -496,7 +497,7 @@ _CHOICES = {
     ("train", "class_weights"): ("none", "balanced"),
     ("train", "parallel"): ("ddp", "fsdp"),
     ("train", "device"): ("auto", "cpu", "cuda"),
-    ("train", "precision"): ("fp32", "bf16", "fp16"),
+    ("train", "precision"): ("fp32", "bf16", "fp16", "auto"),
 }
 FAST_TRICKS = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")  # attnkit.fast.runtime.TRICKS
 

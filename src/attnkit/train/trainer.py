@@ -89,10 +89,23 @@ class Progress:
         return self.step + math.ceil(self.steps_left(max_steps, max_minutes, steps_per_second))
 
 
+def training_precision(precision: str, device: torch.device) -> str:
+    """``train.precision`` with "auto" resolved: bf16 where ``device`` has bf16 matrix instructions (a CPU with
+    AVX512_BF16 or AMX-BF16, a CUDA GPU that supports bf16), else fp32."""
+    from attnkit.fast.precision import NEEDS, cpu_flags
+
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and any(f in cpu_flags() for f in NEEDS["bf16"]) else "fp32"
+
+
 def mixed_precision(precision: str, device: torch.device):
-    """``train.precision`` -> (autocast dtype or None, GradScaler or None). On CUDA bf16, or fp16 with loss
-    scaling. On a CPU bf16 only, and only where the CPU has AVX512_BF16 or AMX-BF16: elsewhere bfloat16 matrix
-    products run tens of times slower than fp32, so it is refused in one line naming what is missing."""
+    """``train.precision`` (resolved by :func:`training_precision`) -> (autocast dtype or None, GradScaler or
+    None). On CUDA bf16, or fp16 with loss scaling. On a CPU bf16 only, and only where the CPU has AVX512_BF16 or
+    AMX-BF16: elsewhere bfloat16 matrix products run tens of times slower than fp32, so it is refused in one line
+    naming what is missing."""
     from attnkit.fast.precision import NEEDS, check_precision
 
     if precision == "fp32":
@@ -150,7 +163,8 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.device = distributed.training_device(cfg.train.device)
-        self.amp_dtype, self.scaler = mixed_precision(cfg.train.precision, self.device)
+        self.precision = training_precision(cfg.train.precision, self.device)
+        self.amp_dtype, self.scaler = mixed_precision(self.precision, self.device)
         self.rank, self.world = distributed.setup(self.device)
         self.task = task or make_task(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world, self.rank)
         self.metric = cfg.train.best_metric or self.task.metric
@@ -201,8 +215,8 @@ class Trainer:
 
         local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.model.parameters())
         record = {"argv": sys.argv, "world_size": self.world, "parallel": self.cfg.train.parallel if self.world > 1
-                  else None, "parameters_on_rank0": local, "git_commit": git_commit(), "versions": versions(),
-                  "machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                  else None, "precision": self.precision, "parameters_on_rank0": local, "git_commit": git_commit(),
+                  "versions": versions(), "machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         with open(self.run_dir / "run.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
