@@ -20,7 +20,9 @@ attnkit model's loss on the first validation batches, in fp32, says whether bf16
     python bench/train_throughput.py            # 60 timed steps each -> bench/results/train_throughput.json
     python bench/train_throughput.py --quick    # 4 steps on 2000 pairs -> train_throughput_quick.json
 
-Targets: >= 1.2x Hugging Face's tokens/s, and >= 60% of the matmul peak.
+Targets: >= 1.2x Hugging Face's tokens/s, and >= 60% of the matmul peak. ``metrics.recipe_precision`` is what the
+config trains at on this machine (``train.precision = "auto"``: bf16 where the CPU has its instructions), and
+``metrics.recipe_fraction_of_matmul_peak`` that system's fraction of the fp32 peak.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from attnkit.export.huggingface import copy_to_marian, marian_config
 from attnkit.fast.memory import keep_freed_memory
 from attnkit.fast.precision import cpu_flags
 from attnkit.models import PAD, build_model
+from attnkit.train.trainer import training_precision
 
 
 def forward_flops(model, batches) -> int:
@@ -241,6 +244,13 @@ def main() -> int:
     if "attnkit_bf16" in systems:
         metrics["bf16_speedup_vs_fp32"] = round(systems["attnkit_bf16"]["tokens_per_s"]
                                                 / systems["attnkit"]["tokens_per_s"], 3)
+    # what `attnkit train` on this config trains at here (train.precision, "auto" resolved), and its fraction
+    recipe = training_precision(cfg.train.precision, torch.device("cpu"))
+    metrics["recipe_precision"] = recipe
+    metrics["recipe_fraction_of_matmul_peak"] = systems["attnkit_bf16" if recipe == "bf16" else "attnkit"][
+        "fraction_of_matmul_peak"]
+    print(f"{args.config} trains at {recipe} here: {100 * metrics['recipe_fraction_of_matmul_peak']:.1f}% of the "
+          f"fp32 matmul peak")
     out = args.out or f"bench/results/train_throughput{'_quick' if args.quick else ''}.json"
     command = " ".join(["python", *sys.argv])
     write_results(out, "train_throughput", command, metrics, systems=systems,

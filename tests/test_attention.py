@@ -164,13 +164,14 @@ def test_fused_attention_equals_core(causal, padded, training):
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_single_query_kernel_equals_core(padded):
+@pytest.mark.parametrize("keys", [7, 20])
+def test_single_query_kernel_equals_core(padded, keys):
     """A decoding step (one query, no gradient) takes two batched matmuls (``decoding_attention``) instead of the
-    core's attention: same outputs."""
+    core's attention: same outputs, over fewer keys than a vector's width (the softmax's row padded) and more."""
     ours, _ = _pair(6)
     decoding = _fast(ours, "decoding_attention")
-    x, memory = torch.randn(4, 1, D), torch.randn(4, 7, D)
-    kpm = _padding([7, 5, 2, 1], 7) if padded else None
+    x, memory = torch.randn(4, 1, D), torch.randn(4, keys, D)
+    kpm = _padding([keys, 5, 2, 1], keys) if padded else None
     with torch.no_grad():
         kv = ours.project_memory(memory)
         fast, none, _ = decoding(x, key_padding_mask=kpm, memory_kv=kv)
