@@ -633,7 +633,8 @@ def _train_throughput(r: dict, name: str) -> str:
     recipe = m.get("recipe_precision")
     if recipe is not None:
         lines += ["", f"`{text(r.get('config'))}` trains at {text(recipe)} on this machine (`train.precision = "
-                  f"\"auto\"`): {number(100 * m['recipe_fraction_of_matmul_peak'], 1)}% of the fp32 matmul peak."]
+                  f"\"{text(m.get('recipe_precision_setting'))}\"`): "
+                  f"{number(100 * m['recipe_fraction_of_matmul_peak'], 1)}% of the fp32 matmul peak."]
     return "\n".join(lines) + "\n"
 
 

@@ -21,8 +21,8 @@ attnkit model's loss on the first validation batches, in fp32, says whether bf16
     python bench/train_throughput.py --quick    # 4 steps on 2000 pairs -> train_throughput_quick.json
 
 Targets: >= 1.2x Hugging Face's tokens/s, and >= 60% of the matmul peak. ``metrics.recipe_precision`` is what the
-config trains at on this machine (``train.precision = "auto"``: bf16 where the CPU has its instructions), and
-``metrics.recipe_fraction_of_matmul_peak`` that system's fraction of the fp32 peak.
+config trains at on this machine (its ``train.precision``, "auto" resolved: bf16 where the CPU has its
+instructions), and ``metrics.recipe_fraction_of_matmul_peak`` that system's fraction of the fp32 peak.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def main() -> int:
                                                 / systems["attnkit"]["tokens_per_s"], 3)
     # what `attnkit train` on this config trains at here (train.precision, "auto" resolved), and its fraction
     recipe = training_precision(cfg.train.precision, torch.device("cpu"))
-    metrics["recipe_precision"] = recipe
+    metrics["recipe_precision"], metrics["recipe_precision_setting"] = recipe, cfg.train.precision
     metrics["recipe_fraction_of_matmul_peak"] = systems["attnkit_bf16" if recipe == "bf16" else "attnkit"][
         "fraction_of_matmul_peak"]
     print(f"{args.config} trains at {recipe} here: {100 * metrics['recipe_fraction_of_matmul_peak']:.1f}% of the "

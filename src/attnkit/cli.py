@@ -25,7 +25,7 @@ from pathlib import Path
 
 from attnkit import __version__, registry
 from attnkit.errors import AttnkitError
-from attnkit.fast.memory import bound_onednn_cache, keep_freed_memory
+from attnkit.fast.memory import keep_freed_memory
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -1061,7 +1061,6 @@ def _add_threads_option(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     keep_freed_memory()
-    bound_onednn_cache()
     try:
         if getattr(args, "threads", None) is not None and args.threads < 1:
             raise AttnkitError(f"--threads {args.threads}: expected a positive number of threads")

@@ -8,17 +8,15 @@ took 15.8 ms against 1.1 ms for reused memory, and a Multi30k training step ran 
 settings below. The price is that the process keeps the memory of its peak, which a training process
 holds anyway.
 
-The command line calls :func:`keep_freed_memory` and :func:`bound_onednn_cache` at start; call them yourself
-when you drive attnkit from Python. :func:`keep_freed_memory` changes nothing where the C library is not glibc
-(jemalloc, tcmalloc or macOS have their own settings: jemalloc's ``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``
-does the same).
+The command line calls :func:`keep_freed_memory` at start; call it yourself when you drive attnkit from
+Python. It changes nothing where the C library is not glibc (jemalloc, tcmalloc or macOS have their own
+settings: jemalloc's ``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1`` does the same).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _done = False
@@ -38,20 +36,3 @@ def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 
     _done = all(mallopt(param, value) == 1 for param, value in (
         (_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, trim_threshold), (_M_TOP_PAD, top_pad)))
     return _done
-
-
-# oneDNN (bf16 and int8 products on a CPU) keeps a compiled primitive per shape, up to 1,024 by default. Training
-# batches and decoding steps vary in shape at nearly every call, and under bf16 autocast a Multi30k training
-# process grew by megabytes a step until it swapped (two ranks past 11 GiB each within 20 minutes, under make's
-# jemalloc); with 256 its memory stayed flat, at the same speed
-ONEDNN_CACHE_CAPACITY = 256
-
-
-def bound_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
-    """Cap oneDNN's primitive cache at ``capacity`` entries, unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is already
-    set. oneDNN reads the variable when it first runs, so call this before any bf16 or int8 work. -> whether it was
-    set here."""
-    if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ:
-        return False
-    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(capacity)
-    return True
