@@ -167,7 +167,7 @@ def test_fused_attention_equals_core(causal, padded, training):
 @pytest.mark.parametrize("keys", [7, 20])
 def test_single_query_kernel_equals_core(padded, keys):
     """A decoding step (one query, no gradient) takes two batched matmuls (``decoding_attention``) instead of the
-    core's attention: same outputs, over fewer keys than a vector's width (the softmax's row padded) and more."""
+    core's attention: same outputs, over fewer keys than a vector's width and more."""
     ours, _ = _pair(6)
     decoding = _fast(ours, "decoding_attention")
     x, memory = torch.randn(4, 1, D), torch.randn(4, keys, D)

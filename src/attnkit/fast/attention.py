@@ -17,19 +17,6 @@ from torch import Tensor
 
 from attnkit.nn.attention import reference_attention
 
-# PyTorch's CPU softmax over fewer elements than one vector register holds takes a scalar path: over 15 keys it ran
-# 10x slower than over 16, forward, and 20x backward. Shorter key rows are padded to this many, with zero weight
-VECTOR_KEYS = 16
-
-
-def _softmax(scores: Tensor) -> Tensor:
-    """softmax over the last dimension of scores [..., S], a row under :data:`VECTOR_KEYS` keys padded with -inf
-    to that width for the softmax and cut back after (a strided view)."""
-    s = scores.size(-1)
-    if s >= VECTOR_KEYS:
-        return torch.softmax(scores, dim=-1)
-    return torch.softmax(F.pad(scores, (0, VECTOR_KEYS - s), value=float("-inf")), dim=-1)[..., :s]
-
 
 def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
     """softmax(q k^T / sqrt(d_head)) v for a decoding step: q [B, H, G, d_head] with G queries per row that all
@@ -51,11 +38,11 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Te
     s = k.size(2)
     q, k, v = q.reshape(b * h, g, dh), k.reshape(b * h, s, dh), v.reshape(b * h, s, dh)
     if key_padding_mask is None:
-        weights = _softmax(torch.bmm(q, k.transpose(1, 2)) * dh**-0.5)
+        weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) * dh**-0.5, dim=-1)
     else:
         bias = q.new_zeros(b, 1, s).masked_fill_(key_padding_mask[:, None, :], float("-inf"))  # [B, 1, S]
         scores = torch.baddbmm(bias.repeat_interleave(h, dim=0), q, k.transpose(1, 2), alpha=dh**-0.5)
-        weights = _softmax(scores).nan_to_num_(0.0)  # an all-padding row: zero weights, not NaN
+        weights = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # an all-padding row: zero weights, not NaN
     return torch.bmm(weights, v).view(b, h, g, dh)
 
 
@@ -63,6 +50,9 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Te
 # 2.7x for the sentences of a translation batch (1,500 tokens, 4 heads of 32, one core of an AMD EPYC Zen 4), even
 # at 48 keys; at 64 they tie and beyond it flash wins, and it never holds the [T, S] weights (docs/performance.md)
 SHORT_KEYS = 64
+# PyTorch's CPU softmax over fewer elements than one vector register holds takes a scalar path: over 15 keys it ran
+# 10x slower than over 16, forward, and 20x backward. Shorter key rows are padded to this many, with zero weight
+VECTOR_KEYS = 16
 
 
 def short_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None, causal: bool = False,
