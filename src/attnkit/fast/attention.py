@@ -46,9 +46,10 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Te
     return torch.bmm(weights, v).view(b, h, g, dh)
 
 
-# Below this many keys, two batched products and a softmax beat SDPA's flash kernel, forward and backward: 1.2x to
-# 2.7x for the sentences of a translation batch (1,500 tokens, 4 heads of 32, one core of an AMD EPYC Zen 4), even
-# at 48 keys; at 64 they tie and beyond it flash wins, and it never holds the [T, S] weights (docs/performance.md)
+# Below this many keys, two batched products and a softmax beat SDPA's flash kernel, forward and backward, at most
+# lengths: up to 2.7x for the sentences of a translation batch (1,500 tokens, 4 heads of 32, one core of an AMD EPYC
+# Zen 4), still ahead at 48 keys, behind only at 32 and 33; at 64 they tie and beyond it flash wins, and it never
+# holds the [T, S] weights (docs/performance.md)
 SHORT_KEYS = 64
 # PyTorch's CPU softmax over fewer elements than one vector register holds takes a scalar path: over 15 keys it ran
 # 10x slower than over 16, forward, and 20x backward. Shorter key rows are padded to this many, with zero weight
