@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.nn.attention import reference_attention
+from attnkit.nn.attention import attention_mask, reference_attention
 
 
 def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
@@ -69,14 +69,12 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | 
     b, h, t, dh = q.shape
     s = k.size(2)
     width = max(s, VECTOR_KEYS)
-    bias = None  # [B or 1, 1, T or 1, width]
-    if width > s or key_padding_mask is not None:
-        hidden = F.pad(key_padding_mask, (0, width - s), value=True) if key_padding_mask is not None else \
-            (torch.arange(width, device=q.device) >= s)[None, :]
-        bias = q.new_zeros(hidden.shape).masked_fill_(hidden, float("-inf"))[:, None, None, :]
-    if causal and t > 1:
-        future = torch.ones(t, width, dtype=torch.bool, device=q.device).triu(diagonal=s - t + 1)
-        bias = q.new_zeros(t, width).masked_fill_(future, float("-inf")) + (0.0 if bias is None else bias)
+    allowed = attention_mask(t, s, key_padding_mask, causal, q.device)  # the core's masks, True = allowed
+    bias = None  # [B or 1, 1, T or 1, width] or [T, width]
+    if allowed is not None or width > s:
+        allowed = torch.ones(1, s, dtype=torch.bool, device=q.device) if allowed is None else allowed
+        allowed = F.pad(allowed, (0, width - s), value=False)
+        bias = q.new_zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
     empty = None
     if key_padding_mask is not None:
         empty = key_padding_mask.all(dim=-1)  # a sequence that is all padding: zeros, not NaN
