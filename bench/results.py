@@ -855,15 +855,10 @@ def block_train_limits(results: dict) -> str:
 
 
 def block_train_end_to_end(results: dict) -> str:
-    """The Multi30k recipe's recorded training runs (multi30k_en_de.json, and multi30k_en_de_epyc.json where the
-    recipe also ran on an AMD EPYC): throughput, steps and epochs over each whole run."""
-    names = [n for n in ("multi30k_en_de", "multi30k_en_de_epyc") if n in results]
-    if not names:
+    """The Multi30k recipe's recorded training run: throughput, steps and epochs over the whole run, and its BLEU."""
+    r = results.get("multi30k_en_de")
+    if r is None:
         return absent("multi30k_en_de")
-    return "\n".join(_train_end_to_end(results[n], n) for n in names)
-
-
-def _train_end_to_end(r: dict, name: str) -> str:
     ranks = sorted({launch.get("world_size") for launch in r.get("launches") or [] if launch.get("world_size")})
     fast = get(r, "config", "train", "fast", default=[])
     # the precision each launch trained at ("auto" resolved), where recorded; else the config's
@@ -872,7 +867,7 @@ def _train_end_to_end(r: dict, name: str) -> str:
     extra = (f"{' or '.join(number(n, 0) for n in ranks) or NOT_RECORDED} ranks; training precision "
              f"{precision}, the fast training pieces "
              + (", ".join(f"`{f}`" for f in fast) if fast else "none"))
-    return (f"{_ran(r, name, extra)}: {number(r.get('tokens_per_s'), 0)} target tokens/s averaged over "
+    return (f"{_ran(r, 'multi30k_en_de', extra)}: {number(r.get('tokens_per_s'), 0)} target tokens/s averaged over "
             f"{number(r.get('steps'), 0)} steps ({number(r.get('epochs_completed'), 0)} epochs) in {minutes(r)} "
             f"training minutes; test BLEU {number(get(r, 'metrics', 'bleu'))} (sacreBLEU), "
             f"{number(get(r, 'metrics', 'paper_bleu'))} (the paper's).\n")

@@ -52,8 +52,18 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Te
 # holds the [T, S] weights (docs/performance.md)
 SHORT_KEYS = 64
 # PyTorch's CPU softmax over fewer elements than one vector register holds takes a scalar path: over 15 keys it ran
-# 10x slower than over 16, forward, and 20x backward. Shorter key rows are padded to this many, with zero weight
+# 12x slower than over 16, forward, and 23x backward. Shorter key rows are padded to this many, with zero weight
 VECTOR_KEYS = 16
+
+
+def _empty_rows(key_padding_mask: Tensor | None) -> Tensor | None:
+    """[B, 1, 1, 1], True where a sequence is all padding: its queries see no key, and get zeros, not NaN (the
+    kernels let them attend to everything, then zero them). None where no sequence is: eager code skips the fix-up
+    in the usual case, but a compiled graph must not branch on data, so it always gets the mask."""
+    if key_padding_mask is None:
+        return None
+    empty = key_padding_mask.all(dim=-1)[:, None, None, None]
+    return empty if torch.compiler.is_compiling() or empty.any() else None
 
 
 def short_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None, causal: bool = False,
@@ -75,14 +85,9 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | 
         allowed = torch.ones(1, s, dtype=torch.bool, device=q.device) if allowed is None else allowed
         allowed = F.pad(allowed, (0, width - s), value=False)
         bias = q.new_zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
-    empty = None
-    if key_padding_mask is not None:
-        empty = key_padding_mask.all(dim=-1)  # a sequence that is all padding: zeros, not NaN
-        if empty.any():
-            bias = bias.masked_fill(empty[:, None, None, None], 0.0)
-            empty = empty[:, None, None, None]
-        else:
-            empty = None
+    empty = _empty_rows(key_padding_mask)
+    if empty is not None:
+        bias = bias.masked_fill(empty, 0.0)
     keys = F.pad(k, (0, 0, 0, width - s)) if width > s else k
     # scaled in place, after the product: bmm's backward needs not its output, and the scores are the smaller side
     scores = torch.bmm(q.reshape(b * h, t, dh), keys.reshape(b * h, width, dh).transpose(1, 2)).mul_(dh**-0.5)
@@ -109,21 +114,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, caus
     t, s = q.size(2), k.size(2)
     if causal and t == s and key_padding_mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=t > 1)
-    mask = None
-    if key_padding_mask is not None:
-        mask = ~key_padding_mask[:, None, None, :]
-    if causal and t > 1:
-        future = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
-        mask = future if mask is None else mask & future
-    empty = None
-    if key_padding_mask is not None:
-        # a sequence that is all padding has no key to attend to: zeros, not NaN. Eager code skips that when no
-        # row is empty (the usual case); a compiled graph must not branch on data
-        empty = key_padding_mask.all(dim=-1)[:, None, None, None]
-        if torch.compiler.is_compiling() or empty.any():
-            mask = mask | empty
-        else:
-            empty = None
+    mask = attention_mask(t, s, key_padding_mask, causal, q.device)
+    empty = _empty_rows(key_padding_mask)
+    if empty is not None:
+        mask = mask | empty
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
     return out if empty is None else out.masked_fill(empty, 0.0)
 
