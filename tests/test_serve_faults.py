@@ -360,7 +360,7 @@ def test_a_client_leaving_a_stream_mid_way(live):
     assert events[-1][0] == "done"
 
 
-def test_no_request_reaches_a_path_outside_the_explorer(live):
+def test_no_request_reaches_a_path_outside_the_explorer(live, tmp_path, monkeypatch):
     package = Path(__import__("attnkit").__file__).parent
     secret = (package / "serve" / "app.py").read_text()[:200]
     for path in ["/../serve/app.py", "/%2e%2e/serve/app.py", "/js/..%2f..%2fapp.py", "/../../../../etc/passwd",
@@ -372,11 +372,12 @@ def test_no_request_reaches_a_path_outside_the_explorer(live):
         assert b"root:" not in body and secret.encode() not in body, path
         if status == 404:
             one_line(status, headers, body, "path")
-    # images are read from the request's bytes through a temporary file that is removed
-    leftovers = set(Path(tempfile.gettempdir()).glob("attnkit-serve-*"))
+    # images are read from the request's bytes through a temporary file that is removed; the server runs in
+    # this process, so a temporary directory of the test's own keeps other workers' uploads out of the count
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert live.client.post("/v1/caption", data={"model": "sat"}, files={"image": ("../../x.png", png())}
                             ).status_code == 200
-    assert set(Path(tempfile.gettempdir()).glob("attnkit-serve-*")) == leftovers
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_burst_beyond_the_queue_is_429_while_the_admitted_are_answered(served_models):
