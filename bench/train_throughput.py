@@ -43,7 +43,7 @@ from attnkit.config import load_config
 from attnkit.data import build_tokenizers, collate, encode_pairs, load_split, token_batches
 from attnkit.evaluate.results import matmul_peak, write_results
 from attnkit.export.huggingface import copy_to_marian, marian_config
-from attnkit.fast.memory import keep_freed_memory
+from attnkit.fast.memory import bound_kernel_caches, keep_freed_memory
 from attnkit.fast.precision import cpu_flags
 from attnkit.models import PAD, build_model
 from attnkit.train.trainer import training_precision
@@ -150,6 +150,7 @@ def main() -> int:
     if args.quick:
         args.steps, args.warmup = 4, 1
     keep_freed_memory()
+    bound_kernel_caches()  # as the Trainer does
 
     cfg = load_config(args.config)
     if args.quick:

@@ -7,7 +7,8 @@
 * :func:`compile_step` compiles a decoder with ``torch.compile``, and its search steps ahead of time with
   AOTInductor (:mod:`attnkit.fast.compile`, :mod:`attnkit.fast.aot`); :func:`compiles_by_default` says which
   models, for which jobs, the command line, the server and :func:`attnkit.load` compile unless told.
-* :func:`keep_freed_memory` keeps freed memory for reuse (:mod:`attnkit.fast.memory`).
+* :func:`keep_freed_memory` keeps freed memory for reuse, and :func:`bound_kernel_caches` bounds the compiled
+  kernels a training process keeps (:mod:`attnkit.fast.memory`).
 * :func:`classifier` copies a classifier with the fused attention kernel, at fp32, bf16 or int8.
 * bf16 and int8 decoding and classifying, where the CPU has the instructions for them
   (:mod:`attnkit.fast.precision`).
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 
 from attnkit.fast.decoding import FastDecoder
-from attnkit.fast.memory import keep_freed_memory
+from attnkit.fast.memory import bound_kernel_caches, keep_freed_memory
 from attnkit.fast.runtime import TRAINING, TRICKS, reference, use
 
 
@@ -93,5 +94,5 @@ def classifier(model, precision: str = "fp32"):
     return use(fast, "dropout16", "fused_attention").eval()
 
 
-__all__ = ["COMPILE_PAYS_AT", "TRAINING", "TRICKS", "FastDecoder", "classifier", "compile_step", "compiles_by_default",
-           "decoder", "keep_freed_memory", "reference", "use"]
+__all__ = ["COMPILE_PAYS_AT", "TRAINING", "TRICKS", "FastDecoder", "bound_kernel_caches", "classifier", "compile_step",
+           "compiles_by_default", "decoder", "keep_freed_memory", "reference", "use"]

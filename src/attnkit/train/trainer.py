@@ -25,7 +25,7 @@ from attnkit.checkpoint import (
 from attnkit.config import ExperimentConfig, TrainConfig, check_positions, dump_toml
 from attnkit.data import Parallel, token_batches
 from attnkit.errors import AttnkitError
-from attnkit.fast import use
+from attnkit.fast import bound_kernel_caches, use
 from attnkit.train import distributed, sharding
 from attnkit.train.checkpoint import (
     average_checkpoints,
@@ -158,6 +158,7 @@ class Trainer:
     def __init__(self, cfg: ExperimentConfig, run_dir: str | Path, data_dir: str | None = None,
                  train_pairs: Parallel | None = None, valid_pairs: Parallel | None = None, task=None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        bound_kernel_caches()  # before the first product: see attnkit.fast.memory
         check_positions(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
