@@ -31,10 +31,13 @@ STAMP  := $(VENV)/.installed
 , := ,
 # Freshly mapped memory costs a page fault per 4 KiB on first touch, and a training step allocates the same large
 # tensors again and again: jemalloc (Debian libjemalloc2) when present, told never to hand freed pages back
-# (its default decay made a Multi30k training step 1.24x slower). Without it attnkit's CLI sets glibc the same way
-# (attnkit.fast.memory).
+# (its default decay made a Multi30k training step 1.24x slower). By default jemalloc splits a kept free extent
+# only for a request at least 1/64 of its size, and a bf16 training process grew by megabytes a step; allowed down
+# to 1/1024 (lg_extent_max_active_fit) it stays flat, and steps run as fast in fp32 and bf16 (docs/performance.md).
+# Without jemalloc attnkit's CLI sets glibc the same way (attnkit.fast.memory).
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
-RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1)
+RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) \
+	MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1$(,)lg_extent_max_active_fit:10)
 
 .PHONY: serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
 

@@ -46,8 +46,8 @@ def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 
 # it keep up to 1,024 compiled kernels each, one per exact shape. Decoding meets the same shapes again (a search
 # step per length and batch size): bounding the caches cost beam-5 bf16 decoding of 64 sentences about 15%,
 # measured on an EPYC Zen 4. Training meets new shapes every batch (the number of tokens, the lengths), so the
-# caches fill with kernels never used again: a bf16 Multi30k process grew by megabytes a step, to over 10 GiB
-# per torchrun rank, and with both caches bounded it stayed flat and ran no slower (docs/performance.md).
+# caches fill with kernels never used again: a bf16 Multi30k process grew by megabytes a step, and with both
+# caches bounded it stayed flat and ran no slower (docs/performance.md).
 KERNEL_CACHE_CAPACITY = 64
 _KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
