@@ -10,7 +10,8 @@ holds anyway.
 
 The command line calls :func:`keep_freed_memory` at start; call it yourself when you drive attnkit from
 Python. It changes nothing where the C library is not glibc (jemalloc, tcmalloc or macOS have their own
-settings: jemalloc's ``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1`` does the same).
+settings: jemalloc's ``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1`` does the same, and the Makefile adds
+``lg_extent_max_active_fit:10`` so that the kept memory is reused by bf16 training's varied requests).
 
 :func:`bound_kernel_caches` bounds the caches of compiled oneDNN kernels, which a training process would fill
 with kernels for shapes it never meets again.
