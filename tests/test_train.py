@@ -277,21 +277,21 @@ def test_auto_precision_trains_bf16_where_the_cpu_has_its_instructions_and_fp32_
 
 
 def test_a_trainer_bounds_the_kernel_caches_before_it_builds_its_model(tmp_path, dates_pairs, monkeypatch):
-    """oneDNN and ideep read their cache capacities at their first kernel, so the Trainer sets them first (the
-    effect on a process's memory: tests/test_memory.py); a capacity the environment sets is left alone."""
+    """oneDNN and ideep read their cache capacities at their first kernel, so the Trainer sets them first (what
+    the bound does to a process's memory, and that it leaves the environment's own: tests/test_memory.py)."""
     from attnkit.fast.memory import KERNEL_CACHE_CAPACITY
 
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
-    monkeypatch.setenv("LRU_CACHE_CAPACITY", "3")
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
     built, build = [], Trainer.build_model
 
     def build_model(self):
-        built.append((os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), os.environ["LRU_CACHE_CAPACITY"]))
+        built.append((os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), os.environ.get("LRU_CACHE_CAPACITY")))
         return build(self)
 
     monkeypatch.setattr(Trainer, "build_model", build_model)
     Trainer(tiny_experiment(max_steps=1), tmp_path, train_pairs=dates_pairs, valid_pairs=generate_dates(20, seed=1))
-    assert built == [(str(KERNEL_CACHE_CAPACITY), "3")]
+    assert built == [(str(KERNEL_CACHE_CAPACITY),) * 2]
 
 
 @pytest.mark.skipif(not {"avx512_bf16", "amx_bf16"} & cpu_flags(),
