@@ -64,7 +64,7 @@ def ct2_decoder(translator, toks):
     from attnkit.export.ct2 import ct2_generate
 
     def decode(src, lens, beam, len_penalty):
-        ids = [[int(i) for i in row if i != PAD] for row in src]
+        ids = [[i for i in row if i != PAD] for row in src.tolist()]  # one conversion, not a tensor per element
         return ct2_generate(translator, toks, ids, lens.tolist(), beam_size=beam, len_penalty=len_penalty,
                             batch_size=len(ids))
     return decode

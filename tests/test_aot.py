@@ -62,7 +62,7 @@ def _ahead_of_time(model):
 
 @pytest.mark.slow
 @torch.no_grad()
-def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
+def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model, monkeypatch):
     """``attnkit translate --compile``'s model. A search makes two graphs (the first step's, and the later steps' at
     cache length 2): those of a batch serve batches of any size whose sentences end at different steps (rows
     leave, the caches carry a pending reordering, the last sentence decodes alone), those of a search of one
@@ -70,7 +70,19 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
     back, with eager decoding's outputs and scores. (Traced with one sentence as it came, a batch's graph once
     computed wrong rows for several.) The encoder
     and ``init_state``, one package built on the first source of two tokens or more, make eager encoding's state
-    at every batch size and source length; a source beyond the positional table is encoded eagerly."""
+    at every batch size and source length; a source beyond the positional table is encoded eagerly. The graphs of
+    a search of one sentence, every size fixed, are compiled with Inductor's own C++ GEMMs in the running
+    (``FIXED_GRAPH``), the others with the library's products."""
+    import attnkit.fast.aot as aot_module
+
+    compiled_with = []
+    compile_package = torch._inductor.aoti_compile_and_package
+
+    def recording(program, **kwargs):
+        compiled_with.append({k: v for k, v in kwargs["inductor_configs"].items() if k in aot_module.FIXED_GRAPH})
+        return compile_package(program, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", recording)
     # the output projection packed for oneDNN, as where packing measures faster: a package lowers the packing of its
     # constant weight once, and one sentence's greedy graph multiplies its one row unpacked
     fast = compile_step(model, freeze=True, ahead_of_time=True, check=False, pack_output=True)
@@ -108,6 +120,9 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model):
     assert fast.seal() == ["greedy_step", "beam_step", "encoder"]
     _same(_decode(fast, src, 2), _decode(model, src, 2))
     assert len(aot.packages) == 4 and aot.fallback.calls == 0
+    # the encoder's package, then each step's: four of a search of one sentence, four of batches
+    assert len(compiled_with) == 9 and compiled_with.count(aot_module.FIXED_GRAPH) == 4
+    assert compiled_with.count(aot_module.GRAPH) == 5
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ class AheadOfTimeStep:
     not) runs eagerly and exports and compiles a package from its inputs' shapes; later calls of that kind run the
     package. Sizes stay symbols (a graph made for 4 sentences at cache length 2 serves 64 sentences, or the last
     one left, and length 30), but for a search that began with one sentence, whose graphs fix every size but the
-    lengths (then one greedy row multiplies by the output projection unpacked); sizes the graph bounds
+    lengths (their products Inductor's own C++ GEMMs: :data:`FIXED_GRAPH`); sizes the graph bounds
     (the positional table's length) are checked before each call, and the fallback runs outside them. A kind whose
     lowering fails runs the eager step, with one warning line.
     """
@@ -182,8 +182,9 @@ def _compile_kept(cache: Path | None, scratch: Path, name: str, what: str, build
         print(f"attnkit: compiling the {what} ahead of time (tens of seconds, once: later runs load it from "
               f"{cache})", file=sys.stderr, flush=True)
     try:
-        with warnings.catch_warnings():  # torch's own deprecation notice from inside export, not the user's
+        with warnings.catch_warnings():  # torch's own deprecation notices from inside export and autotuning
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*", category=UserWarning)
             package = build(path)
     except Exception as e:  # noqa: BLE001 -- any failure to export or compile leaves torch.compile's graph
         print(f"attnkit: warning: the {what} could not be compiled ahead of time "
@@ -261,9 +262,16 @@ def _constant_dims(x: Tensor) -> range:
 # Inductor's settings for a package. The weights are constants (freezing), so that what only depends on them (the
 # output projection's oneDNN packing, where it pays: compile.py) is done once, when the package is compiled; the
 # other linear layers stay library products, whose packed oneDNN form was slower at a decoding step's few rows.
-# (Inductor's own C++ GEMMs, chosen by timing them against the library's with max_autotune, decoded no faster
-# for one sentence and took longer to compile; AMD EPYC Zen 4.)
 GRAPH = {"freezing": True, "cpp.weight_prepack": False}
+# A graph whose sizes are all fixed (a search of one sentence) multiplies one row (greedy) or a beam's few by each
+# weight: a matrix-vector product that reads the whole weight for little arithmetic. There each product is
+# Inductor's own C++ GEMM over the weight packed at compile time, where timed faster than the library's (max_autotune,
+# "CPP,ATEN"), inlined in the graph's code: no library call, and the weight read in the order the kernel reads it.
+# The library's single-row products (MKL's generic path on an AMD CPU, oneDNN's per-call overhead in bf16) took
+# most of a step's time (docs/performance.md, "One sentence at a time"). Graphs of a batch keep the library's
+# products, efficient at a batch's rows, and their compiling does not pay for timing each product's choices.
+FIXED_GRAPH = {**GRAPH, "cpp.weight_prepack": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+               "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # timings not printed
 
 
 class _Package:
@@ -278,7 +286,8 @@ class _Package:
     def build(cls, aot: AheadOfTimeStep, flat: list[Tensor], state, single: bool, path: Path) -> _Package:
         """Export and compile ``aot``'s search step for inputs like ``flat`` (tokens, ``state.tensors()``, the
         other tensors) into ``path``; ``single``: for a search of one sentence, every size but the lengths fixed
-        (one greedy row multiplies by the output projection unpacked: compile.py's ``_OutputProjection``)."""
+        (compiled with :data:`FIXED_GRAPH`; one greedy row multiplies by the output projection unpacked:
+        compile.py's ``_OutputProjection``)."""
         state_type, beams, state_size = type(state), state.beams, len(state.tensors())
 
         def search_step(tokens, *inputs):
@@ -327,7 +336,7 @@ class _Package:
                         for x in flat)
         with torch.no_grad(), fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
             program = torch.export.export(Flat(), example, dynamic_shapes=(tuple(dynamic),), strict=False)
-            options = {**GRAPH, "post_grad_custom_post_pass": _BiasAddAfterProduct()}
+            options = {**(FIXED_GRAPH if fixed else GRAPH), "post_grad_custom_post_pass": _BiasAddAfterProduct()}
             torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
         runner = torch._inductor.aoti_load_package(str(path))
         return cls(runner, recorded["structure"], recorded["passed"], _bounds(program))
