@@ -269,7 +269,7 @@ GRAPH = {"freezing": True, "cpp.weight_prepack": False}
 # "CPP,ATEN"), inlined in the graph's code: no library call, and the weight read in the order the kernel reads it.
 # The library's single-row products (MKL's generic path on an AMD CPU, oneDNN's per-call overhead in bf16) took
 # most of a step's time (docs/performance.md, "One sentence at a time"). Graphs of a batch keep the library's
-# products, efficient at a batch's rows, and their compiling does not pay for timing each product's choices.
+# products: whether Inductor's GEMMs pay at a batch's rows is not measured.
 FIXED_GRAPH = {**GRAPH, "cpp.weight_prepack": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # timings not printed
 
