@@ -699,6 +699,44 @@ def test_compiled_decoders_check_their_search_steps_unless_told_not_to(model):
     assert not any(isinstance(s, CheckedStep) for s in unchecked.search_steps().values())
 
 
+@torch.no_grad()
+def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(model, src, capfd):
+    """The encoder's package faster than eager encoding for one sentence and slower for a batch (each side made
+    slower by a sleep): the batch's first calls drop it for batches only, with one warning line, and one sentence
+    keeps it, whichever size came first; every call returns eager encoding's state."""
+    import time
+
+    class Encoder:  # in place of the AheadOfTimeEncoder: its eager state, after the sleeps that decide the checks
+        def __init__(self, inner):
+            self.inner, self.packaged = inner, 0
+
+        def __call__(self, batch):
+            self.packaged += 1
+            time.sleep(0.005 if batch.size(0) > 1 else 0.0)
+            return self.inner.eager(batch)
+
+        def eager(self, batch):
+            time.sleep(0.005 if batch.size(0) == 1 else 0.0)
+            return self.inner.eager(batch)
+
+    decoder = compile_step(model, ahead_of_time=True)  # nothing compiles: the package is replaced before a call
+    decoder._aot_encoder = encoder = Encoder(decoder._aot_encoder)
+    expected = {n: FastDecoder(model).init_state(FastDecoder(model).encode(src[:n])) for n in (1, len(src))}
+    capfd.readouterr()
+    for _ in range(12):
+        for n in (len(src), 1):
+            state = decoder.init_state(decoder.encode(src[:n]))
+            for a, b in zip(state.tensors(), expected[n].tensors(), strict=True):
+                torch.testing.assert_close(a, b)
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
+    assert len(warnings) == 1 and "the compiled encoder of a batch took" in warnings[0]
+    checks = decoder._encoders
+    assert checks[True].chosen is checks[True].compiled and checks[False].chosen is checks[False].eager
+    packaged = encoder.packaged
+    decoder.encode(src[:1]), decoder.encode(src)
+    assert encoder.packaged == packaged + 1  # one sentence only
+
+
 def test_a_beam_steps_candidates_that_go_on_may_rank_either_way_but_those_that_end_may_not():
     """Two beam steps agree when they differ only in the order of near-equal candidates that neither end a
     hypothesis nor become a beam (the search never reads their rows), and disagree when an ending candidate's row

@@ -269,7 +269,9 @@ GRAPH = {"freezing": True, "cpp.weight_prepack": False}
 # "CPP,ATEN"), inlined in the graph's code: no library call, and the weight read in the order the kernel reads it.
 # The library's single-row products (MKL's generic path on an AMD CPU, oneDNN's per-call overhead in bf16) took
 # most of a step's time (docs/performance.md, "One sentence at a time"). Graphs of a batch keep the library's
-# products: whether Inductor's GEMMs pay at a batch's rows is not measured.
+# products: there Inductor's GEMMs, and oneDNN's packed products, made greedy decoding of 64 sentences about a tenth
+# slower a token (the Multi30k model, AMD EPYC Zen 4, where MKL's products ran near the core's peak), as did
+# Inductor's GEMMs in a one-sentence encoder, whose source length stays a symbol.
 FIXED_GRAPH = {**GRAPH, "cpp.weight_prepack": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # timings not printed
 
