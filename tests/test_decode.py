@@ -703,7 +703,8 @@ def test_compiled_decoders_check_their_search_steps_unless_told_not_to(model):
 def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(model, src, capfd):
     """The encoder's package faster than eager encoding for one sentence and slower for a batch (each side made
     slower by a sleep): the batch's first calls drop it for batches only, with one warning line, and one sentence
-    keeps it, whichever size came first; every call returns eager encoding's state."""
+    keeps it, though each round begins with a batch (a server warmed up with one); every call returns eager
+    encoding's state."""
     import time
 
     class Encoder:  # in place of the AheadOfTimeEncoder: its eager state, after the sleeps that decide the checks
