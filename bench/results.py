@@ -565,7 +565,7 @@ def _decode_precision(r: dict, name: str) -> str:
               f"{eager}."]
     kept = get(r, "metrics", "compiled_steps", default={})
     if kept:
-        lines.append("Each compiled search step, checked against the eager one on the first batches: " + "; ".join(
+        lines.append("Each compiled step, checked against the eager one on the first batches: " + "; ".join(
             f"{name}: " + ", ".join(f"{step} {text(how)}" for step, how in steps.items())
             for name, steps in kept.items()) + ".")
     lines += ["", "attnkit over CTranslate2 at the same precision, cell by cell (the target is at least 1.0x):", ""]

@@ -731,8 +731,10 @@ def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(
                 torch.testing.assert_close(a, b)
     warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
     assert len(warnings) == 1 and "the compiled encoder of a batch took" in warnings[0]
-    checks = decoder._encoders
-    assert checks[True].chosen is checks[True].compiled and checks[False].chosen is checks[False].eager
+    checks = decoder.checks()
+    assert sorted(checks) == ["beam_step", "encoder of a batch", "encoder of one sentence", "greedy_step"]
+    one, batch = checks["encoder of one sentence"], checks["encoder of a batch"]
+    assert one.chosen is one.compiled and batch.chosen is batch.eager
     packaged = encoder.packaged
     decoder.encode(src[:1]), decoder.encode(src)
     assert encoder.packaged == packaged + 1  # one sentence only

@@ -130,6 +130,7 @@ class CompiledDecoder(nn.Module):
                               for name, fn in steps.items()}
         self._aot_encoder = None
         self._prepare = None  # src -> the state's tensors: the encoder and init_state as one package
+        self._encoders: dict[bool, CheckedStep] = {}  # the encoder's package, checked for one sentence (True) or more
         if ahead_of_time:
             from attnkit.fast.aot import AheadOfTimeEncoder, AheadOfTimeStep
 
@@ -186,6 +187,12 @@ class CompiledDecoder(nn.Module):
 
     def search_steps(self) -> dict:
         return self._search_steps
+
+    def checks(self) -> dict[str, CheckedStep]:
+        """The compiled steps that are checked against their eager versions (``check``), by name: the search steps,
+        and the encoder's package for one sentence and for a batch."""
+        steps = [s for s in self._search_steps.values() if isinstance(s, CheckedStep)]
+        return {s.name: s for s in [*steps, *self._encoders.values()]}
 
     def seal(self) -> list[str]:
         """From now on compile nothing: the kinds of search step already compiled ahead of time (or loaded) run
