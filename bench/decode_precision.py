@@ -41,26 +41,17 @@ def paper_bleu_or_none(hypotheses: list[str], references: list[str], lang: str):
 
 def steps_kept(decoder) -> dict[str, str]:
     """A compiled decoder's checked steps after decoding (the search steps, the encoder's package for one sentence
-    and for a batch): "compiled" where the check kept the compiled step, else why it runs the eager one (its lowering
-    failed, or it was slower or gave other outputs)."""
-    from attnkit.fast.aot import AheadOfTimeStep
-    from attnkit.fast.compile import CheckedStep
-
+    and for a batch): "compiled" where the check kept the compiled step, else why it runs the eager one (its
+    lowering failed, or it was slower or gave other outputs)."""
     out = {}
-    checks = decoder.checks()
-    for name, step in {**decoder.search_steps(), **checks}.items():
-        inner = step.compiled if isinstance(step, CheckedStep) else step
-        failed = isinstance(inner, AheadOfTimeStep) and any(p is None for p in inner.packages.values())
-        if name.startswith("encoder"):  # its package's lowering failed: it encodes eagerly, whichever the check chose
-            encoder = decoder._aot_encoder
-            failed = encoder is not None and encoder.tried and encoder.package is None
-        if failed:
+    unlowered = decoder.unlowered()
+    for name, step in decoder.checks().items():
+        if name in unlowered:
             out[name] = "eager: could not be compiled ahead of time"
-        elif isinstance(step, CheckedStep) and step.reason:
+        elif step.reason:
             out[name] = f"eager: the compiled step {step.reason}"
         else:
-            out[name] = "compiled" if not isinstance(step, CheckedStep) or step.chosen is step.compiled \
-                else "not decided (too few calls)"
+            out[name] = "compiled" if step.chosen is step.compiled else "not decided (too few calls)"
     return out
 
 

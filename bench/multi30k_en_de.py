@@ -105,6 +105,8 @@ def main() -> int:
         len_penalty=chosen["len_penalty"],
         selection_on_valid=selection, decode_seconds_test=round(seconds, 1),
         last_train_log=train_logs[-1] if train_logs else None,
+        validation=[{k: r[k] for k in ("step", "epoch", "valid_loss", "valid_bleu") if k in r}
+                    for r in metrics_log if "valid_loss" in r],  # every evaluation during training
         launches=launches(run),
     )
     print(f"wrote {args.out}", file=sys.stderr)

@@ -873,6 +873,32 @@ def block_train_end_to_end(results: dict) -> str:
             f"{number(get(r, 'metrics', 'paper_bleu'))} (the paper's).\n")
 
 
+RECIPE_PRECISIONS = {"fp32": "multi30k_en_de_1core_fp32_epyc", "bf16": "multi30k_en_de_1core_bf16_epyc"}
+
+
+def block_train_precision_recipe(results: dict) -> str:
+    """The Multi30k recipe trained in fp32 and in bf16 side by side, one core each, for its 60 training minutes:
+    throughput, epochs, validation after the same steps, test BLEU."""
+    runs = {p: results.get(name) for p, name in RECIPE_PRECISIONS.items()}
+    if any(r is None for r in runs.values()):
+        return absent(" and ".join(n for p, n in RECIPE_PRECISIONS.items() if runs[p] is None))
+    shared = set.intersection(*({v["step"] for v in r.get("validation", [])} for r in runs.values()))
+    step = max(shared, default=None)
+    lines = [f"- {p}: {_ran(r, name)}" for (p, r), name in zip(runs.items(), RECIPE_PRECISIONS.values())]
+    lines += ["", f"| training precision | target tokens/s | steps | epochs | training minutes | valid loss at step "
+                  f"{number(step, 0)} | valid BLEU there | test BLEU (sacreBLEU) | test BLEU (the paper's) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for p, r in runs.items():
+        at = next((v for v in r.get("validation", []) if v["step"] == step), {})
+        lines.append(f"| {p} | {number(r.get('tokens_per_s'), 0)} | {number(r.get('steps'), 0)} | {epochs(r)} | "
+                     f"{minutes(r)} | {number(at.get('valid_loss'), 4)} | {number(at.get('valid_bleu'))} | "
+                     f"{number(get(r, 'metrics', 'bleu'))} | {number(get(r, 'metrics', 'paper_bleu'))} |")
+    fp32, bf16 = runs["fp32"], runs["bf16"]
+    speed = bf16["tokens_per_s"] / fp32["tokens_per_s"] if fp32.get("tokens_per_s") else None
+    lines += ["", f"bf16 / fp32 target tokens/s: {_times(speed)}."]
+    return "\n".join(lines) + "\n"
+
+
 TRANSLATE_SYSTEMS = {"attnkit": "attnkit `--no-compile`", "attnkit_compiled": "attnkit, compiled (the default)",
                      "huggingface": "Hugging Face `generate`", "ctranslate2_fp32": "CTranslate2 fp32",
                      "ctranslate2_int8": "CTranslate2 int8"}
@@ -1009,6 +1035,7 @@ BLOCKS = {
     "relayout": ("docs/performance.md", block_relayout),
     "train-limits": ("docs/performance.md", block_train_limits),
     "train-end-to-end": ("docs/performance.md", block_train_end_to_end),
+    "train-precision-recipe": ("docs/performance.md", block_train_precision_recipe),
     "translate-throughput": ("docs/performance.md", block_translate_throughput),
     "compile-step": ("docs/performance.md", block_compile_step),
     "attention-op": ("docs/performance.md", block_attention_op),

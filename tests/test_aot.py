@@ -219,6 +219,28 @@ def test_a_step_whose_lowering_fails_runs_eagerly_and_says_so_once_a_kind(model,
                                       and w.endswith("decoding with the eager step") for w in warnings)
 
 
+@torch.no_grad()
+def test_a_compiled_decoder_names_the_checks_whose_lowering_failed(model, monkeypatch, capfd):
+    """``CompiledDecoder.unlowered()``: the checks that run the eager step because their package could not be
+    compiled (here every export fails: the greedy step's, and the encoder's for one sentence and for a batch),
+    whatever the check itself decided; none before a lowering was tried."""
+    from attnkit.decode import generate
+    from attnkit.fast.aot import _Package
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("LoweringException: AssertionError")
+
+    monkeypatch.setattr(_Package, "export", staticmethod(fails))
+    fast = compile_step(model, freeze=True, ahead_of_time=True)
+    assert fast.unlowered() == []
+    src = random_src([6, 3, 5, 2], vocab=VOCAB, seed=7)
+    lens = max_lengths(src.ne(PAD).sum(1), 1.0, 4)
+    for _ in range(2):
+        assert [h[0].tokens for h in generate(fast, src, lens)] == [h[0].tokens for h in generate(model, src, lens)]
+    assert sorted(fast.unlowered()) == ["encoder of a batch", "encoder of one sentence", "greedy_step"]
+    assert sum("could not be compiled ahead of time" in line for line in capfd.readouterr().err.splitlines()) == 3
+
+
 def test_a_package_record_names_only_attnkit_types():
     """A record's structure names the types of a step's outputs; reading it imports attnkit's own types (and the
     tuple), never another module's: a record naming ``os:system`` is refused, so that package is compiled again."""

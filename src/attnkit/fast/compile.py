@@ -194,6 +194,19 @@ class CompiledDecoder(nn.Module):
         steps = [s for s in self._search_steps.values() if isinstance(s, CheckedStep)]
         return {s.name: s for s in [*steps, *self._encoders.values()]}
 
+    def unlowered(self) -> list[str]:
+        """The checks (named as in :meth:`checks`) whose ahead-of-time lowering failed: they run the eager step
+        whatever their check chose."""
+        from attnkit.fast.aot import AheadOfTimeStep
+
+        checks = self.checks()
+        failed = [name for name, step in checks.items()
+                  if isinstance(step.compiled, AheadOfTimeStep) and None in step.compiled.packages.values()]
+        encoder = self._aot_encoder
+        if encoder is not None and encoder.tried and encoder.package is None:
+            failed += [name for name in checks if name.startswith("encoder")]
+        return failed
+
     def seal(self) -> list[str]:
         """From now on compile nothing: the kinds of search step already compiled ahead of time (or loaded) run
         their graphs, any other kind the eager step (:attr:`AheadOfTimeStep.sealed`). A server seals its decoders
