@@ -199,12 +199,11 @@ class CompiledDecoder(nn.Module):
         whatever their check chose."""
         from attnkit.fast.aot import AheadOfTimeStep
 
-        checks = self.checks()
-        failed = [name for name, step in checks.items()
+        failed = [name for name, step in self.checks().items()
                   if isinstance(step.compiled, AheadOfTimeStep) and None in step.compiled.packages.values()]
         encoder = self._aot_encoder
         if encoder is not None and encoder.tried and encoder.package is None:
-            failed += [name for name in checks if name.startswith("encoder")]
+            failed += [check.name for check in self._encoders.values()]
         return failed
 
     def seal(self) -> list[str]:
