@@ -19,7 +19,7 @@
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 # make flickr8k-transformer — the Transformer captioner on the same grids, then its JSON
 # make wheel-check — build the wheel, install it with torch==2.13.0 into a fresh python3.11 venv, run attnkit
-#              --version and a 30-step demo from it (part of make test; a few minutes, mostly installing torch)
+#              --version and a 30-step demo from it (one of make test's tests; under a minute, mostly installing torch)
 # make threads-demo — demo training steps/s with one core held busy: torch's default threads against attnkit's
 #              (bench/results/threads_demo.json; run it on an otherwise quiet machine)
 # make bench — attnkit against torch.nn.MultiheadAttention, Hugging Face and CTranslate2 (attention op, training and
@@ -60,8 +60,9 @@ serve: $(STAMP)
 	echo "make serve: serving $$run: open http://127.0.0.1:$(SERVE_PORT)/ (the explorer; the API at /docs; Ctrl-C stops)"; \
 	$(RUN) exec $(VENV)/bin/attnkit serve $$run --port $(SERVE_PORT)
 
-# two pytest workers (one torch thread each), the longest tests taken first as workers free up
-test: $(STAMP) wheel-check browser java
+# two pytest workers (one torch thread each), the longest tests taken first as workers free up; the wheel check
+# (make wheel-check) is one of those tests, so that its install overlaps the others rather than coming first
+test: $(STAMP) browser java
 	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal
 
 # the README's pictures of the explorer (docs/figures/explorer_*.png) from the recipes' trained models: those of

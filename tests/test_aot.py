@@ -62,7 +62,8 @@ def _ahead_of_time(model):
 
 @pytest.mark.slow
 @torch.no_grad()
-def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model, monkeypatch):
+def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_the_cache(model, tmp_path,
+                                                                                         monkeypatch, capfd):
     """``attnkit translate --compile``'s model. A search makes two graphs (the first step's, and the later steps' at
     cache length 2): those of a batch serve batches of any size whose sentences end at different steps (rows
     leave, the caches carry a pending reordering, the last sentence decodes alone), those of a search of one
@@ -72,8 +73,14 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model, monkeypa
     and ``init_state``, one package built on the first source of two tokens or more, make eager encoding's state
     at every batch size and source length; a source beyond the positional table is encoded eagerly. The graphs of
     a search of one sentence, every size fixed, are compiled with Inductor's own C++ GEMMs in the running
-    (``FIXED_GRAPH``), the others with the library's products."""
+    (``FIXED_GRAPH``), the others with the library's products.
+
+    Every package is kept in the cache: a second decoder of the same weights loads them all (compiling nothing)
+    and decodes as eager decoding does, packing the output projection as the kept packages do, whichever way its
+    own timing of the packing would go; a package whose bytes changed is rebuilt with one warning line, and kept
+    again. Other weights have a cache directory of their own."""
     import attnkit.fast.aot as aot_module
+    from attnkit.fast.aot import cache_directory
 
     compiled_with = []
     compile_package = torch._inductor.aoti_compile_and_package
@@ -83,9 +90,18 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model, monkeypa
         return compile_package(program, **kwargs)
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", recording)
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
     # the output projection packed for oneDNN, as where packing measures faster: a package lowers the packing of its
-    # constant weight once, and one sentence's greedy graph multiplies its one row unpacked
-    fast = compile_step(model, freeze=True, ahead_of_time=True, check=False, pack_output=True)
+    # constant weight once, and one sentence's greedy graph multiplies its one row unpacked. The first decoder's
+    # timing says packing pays; any later one's would say it does not (a close call, which each process's timing
+    # may decide either way), and the packages kept decide for them
+    timings = iter([True] + [False] * 8)
+    monkeypatch.setattr("attnkit.fast.compile._packing_pays", lambda weight: next(timings))
+
+    def decoder():
+        return compile_step(model, freeze=True, ahead_of_time=True, check=False, cache=True)
+
+    fast = decoder()
     src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
     eager = FastDecoder(copy.deepcopy(model))  # a long source grows its positional table (below)
 
@@ -99,7 +115,8 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model, monkeypa
     same_state(src[3:, :1])  # one token: too short to build from (a size 1 would be specialised)
     assert encoder.package is None and not encoder.tried
     one = src[:1]
-    for beam, search_step, first in ((1, greedy_step, one), (3, beam_step, src)):
+    searches = ((1, greedy_step, one), (3, beam_step, src))
+    for beam, search_step, first in searches:
         aot = fast.search_steps()[search_step.__name__]
         assert isinstance(aot, AheadOfTimeStep)
         aot.fallback = Counting(fast, search_step)
@@ -124,6 +141,41 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size(model, monkeypa
     assert len(compiled_with) == 9 and compiled_with.count(aot_module.FIXED_GRAPH) == 4
     assert compiled_with.count(aot_module.GRAPH) == 5
 
+    greedy_steps = fast.search_steps()["greedy_step"]
+    kept = sorted(greedy_steps.cache.glob("*.pt2"))
+    assert greedy_steps.cache.parent == tmp_path / "compiled" and all(p.with_suffix(".json").is_file() for p in kept)
+    assert len(kept) == 9 and (greedy_steps.cache / "encoder.pt2") in kept
+    assert greedy_steps.loaded == 0 and encoder.loaded == 0
+
+    again = decoder()
+    for beam, search_step, first in searches:
+        aot = again.search_steps()[search_step.__name__]
+        for batch in (first, src, one):
+            _same(_decode(again, batch, beam), _decode(model, batch, beam))
+        assert aot.loaded == len(aot.packages) == 4 and all(aot.packages.values())
+    assert again._aot_encoder.loaded == 1 and len(compiled_with) == 9
+
+    # a batch's later steps' package damaged: a third decoder compiles it again, saying so, and keeps it; the first
+    # step's package of a batch loads as it was
+    later = next(key for key in greedy_steps.packages if not key[2] and not key[3])
+    damaged = greedy_steps.cache / f"{greedy_steps._name(later)}.pt2"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    capfd.readouterr()
+    for expected_loaded in (1, 2):
+        rebuilt = decoder()
+        _same(_decode(rebuilt, src, 1), _decode(model, src, 1))
+        assert rebuilt.search_steps()["greedy_step"].loaded == expected_loaded
+        warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
+        assert len(warnings) == 2 - expected_loaded  # one warning the first time, none once it is kept again
+        assert all("compiling it again" in w for w in warnings)
+    assert len(compiled_with) == 10
+
+    other = copy.deepcopy(model)
+    next(other.parameters()).add_(1.0)
+    assert cache_directory(other) != cache_directory(model) == cache_directory(copy.deepcopy(model))
+
 
 @pytest.mark.slow
 @torch.no_grad()
@@ -147,54 +199,6 @@ def test_steps_a_graph_does_not_cover_run_the_fallback():
     expected = _decode(model, src, 1, need_weights=True)
     for a, b in zip(weights, expected):
         torch.testing.assert_close(a[0].attention, b[0].attention)
-
-
-@pytest.mark.slow
-@torch.no_grad()
-def test_packages_kept_in_the_cache_load_in_the_next_decoder_and_damaged_ones_are_rebuilt(model, tmp_path,
-                                                                                         monkeypatch, capfd):
-    """The first compiled decoder of a model builds its greedy packages and keeps them in the cache; a second
-    decoder of the same weights loads them (no compiling) and decodes as eager decoding does, packing the output
-    projection as the kept packages do, whichever way its own timing of the packing would go; a package whose bytes
-    changed is rebuilt with one warning line. Other weights have a cache directory of their own."""
-    from attnkit.fast.aot import cache_directory
-
-    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
-    timings = iter([True, False] * 4)  # a close call, which each process's timing may decide either way
-    monkeypatch.setattr("attnkit.fast.compile._packing_pays", lambda weight: next(timings))
-    src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
-    eager = _decode(model, src, 1)
-
-    encoders = []
-
-    def greedy_aot():
-        fast = compile_step(model, freeze=True, ahead_of_time=True, check=False, cache=True)
-        encoders.append(fast._aot_encoder)
-        aot = fast.search_steps()["greedy_step"]
-        _same(_decode(fast, src, 1), eager)  # the packages are made, or loaded
-        _same(_decode(fast, src, 1), eager)
-        assert len(aot.packages) == 2 and all(aot.packages.values())
-        return aot
-
-    first = greedy_aot()
-    kept = sorted(first.cache.glob("greedy_search_step-*.pt2"))
-    assert first.loaded == 0 and len(kept) == 2 and all(p.with_suffix(".json").is_file() for p in kept)
-    assert (first.cache / "encoder.pt2").is_file()  # and the encoder's package, beside them
-    assert first.cache.parent == tmp_path / "compiled"
-    assert greedy_aot().loaded == 2 and encoders[-1].loaded == 1 and encoders[0].loaded == 0
-
-    data = bytearray(kept[0].read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    kept[0].write_bytes(bytes(data))
-    capfd.readouterr()
-    rebuilt = greedy_aot()
-    warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
-    assert rebuilt.loaded == 1 and len(warnings) == 1 and "compiling it again" in warnings[0]
-    assert greedy_aot().loaded == 2  # rebuilt, and kept again
-
-    other = copy.deepcopy(model)
-    next(other.parameters()).add_(1.0)
-    assert cache_directory(other) != cache_directory(model) == cache_directory(copy.deepcopy(model))
 
 
 @torch.no_grad()
