@@ -129,7 +129,8 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(mo
         theirs = greedy(eager, eager.init_state(eager.encode(batch)), lens[: len(batch)])
         assert [h.tokens for h in ours] == [h.tokens for h in theirs], precision
     step = compiled.search_steps()["greedy_step"]
-    assert isinstance(step, AheadOfTimeStep) and len(step.packages) == 2 and all(step.packages.values())
+    # one graph: its first step runs the later steps' graph over the empty cache
+    assert isinstance(step, AheadOfTimeStep) and len(step.packages) == 1 and all(step.packages.values())
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

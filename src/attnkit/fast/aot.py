@@ -11,9 +11,12 @@ A state can be exported if it is a flat list of tensors (``state.tensors()``, an
 :class:`~attnkit.fast.decoding.GroupedDecoderState`. Other states, and steps that return attention weights, run the
 fallback (``compile_step``'s torch.compile graph).
 
-Each package holds the model's weights as constants of its own: a search makes two (its first step, its later
-steps), and two more for searches of one sentence, so greedy decoding and beam search together hold up to eight
-copies of the weights beside the model's.
+Each package holds the model's weights as constants of its own: greedy decoding makes one (its first step runs
+the later steps' graph), beam search two (its first step makes the beams), and each as many again for searches of
+one sentence, so the two together hold up to six copies of the weights beside the model's. A first step with a
+package of its own read its weights from memory again for every sentence: one sentence at a time, greedy decoding's
+took 388 us where the later steps' package took 125 us on the same empty cache (median; the Multi30k model, AMD EPYC
+Zen 4).
 
 Compiling a package takes tens of seconds; with a ``cache`` directory (:func:`cache_directory`: one per model's
 weights, torch version, attnkit source and CPU) each package is written there once, with a record of how to use
@@ -51,20 +54,26 @@ class AheadOfTimeStep:
     of ``model.step`` as ``step`` (its eager version), called as a search calls it: ``(tokens, state, *tensors,
     t, *flags)``, where the first flag is ``need_weights``.
 
-    The first call of each kind (state type and beams, beam size, first step or not, a search of one sentence or
-    not) runs eagerly and exports and compiles a package from its inputs' shapes; later calls of that kind run the
-    package. Sizes stay symbols (a graph made for 4 sentences at cache length 2 serves 64 sentences, or the last
-    one left, and length 30), but for a search that began with one sentence, whose graphs fix every size but the
-    lengths (their products Inductor's own C++ GEMMs: :data:`FIXED_GRAPH`); sizes the graph bounds
-    (the positional table's length) are checked before each call, and the fallback runs outside them. A kind whose
+    The first call of each kind (state type and beams, beam size, a search of one sentence or not, and with
+    ``first_step_apart`` first step or not) runs eagerly and exports and compiles a package from its inputs' shapes;
+    later calls of that kind run the package. Without ``first_step_apart`` (greedy decoding, whose first step is a
+    later step over an empty cache) the first step runs the later steps' package, whose cache length may be 0: one
+    package, and one copy of the weights, fewer. Beam search's first step makes the beams, a graph of its own.
+    Sizes stay symbols (a graph made for 4 sentences at cache length 2 serves 64 sentences, or the last one left,
+    and length 30), but for a search that began with one sentence, whose graphs fix every size but the lengths
+    (their products Inductor's own C++ GEMMs: :data:`FIXED_GRAPH`); sizes the graph bounds (the positional table's
+    length) are checked before each call, and the fallback runs outside them. A kind whose
     lowering fails runs the eager step, with one warning line.
     """
 
-    def __init__(self, model: nn.Module, step, search_step, fallback, cache: Path | None = None):
+    def __init__(self, model: nn.Module, step, search_step, fallback, cache: Path | None = None,
+                 first_step_apart: bool = True):
         self.model, self.step, self.search_step, self.fallback = model, step, search_step, fallback
+        self.first_step_apart = first_step_apart
         self.packages: dict[tuple, _Package] = {}
         self.cache = None if cache is None else Path(cache)
         self.loaded = 0  # packages read from the cache rather than compiled
+        self._looked_up: set[tuple] = set()  # the kinds already looked for in the cache
         # the search under way began with one sentence: its steps run the one-sentence graphs (a batch whose other
         # sentences have ended keeps the graphs it began with, which would otherwise compile in mid-search)
         self._one_sentence = False
@@ -84,15 +93,22 @@ class AheadOfTimeStep:
         if t == 0:
             self._one_sentence = sentences == 1
         single = self._one_sentence and sentences == 1
-        key = (type(state), state.beams, t == 0, single,
+        first = t == 0 and self.first_step_apart
+        key = (type(state), state.beams, first, single,
                *(tuple(x.size(d) for d in _constant_dims(x)) for x in tensors))
         flat = [tokens, *state.tensors(), *tensors]
         eager = partial(self.search_step, self.step)
         if key not in self.packages:
             if self.sealed:
                 return eager(tokens, state, *args)
-            if not any(n == 1 for x in flat for n in x.shape[1:]):  # not the caches at t == 1: see _Package.build
-                self.packages[key] = self._cached(key) or self._build(key, flat, state, single)
+            if key not in self._looked_up:  # kept in the cache (looked up once a kind: a damaged one warns once)
+                self._looked_up.add(key)
+                if (kept := self._cached(key)) is not None:
+                    self.packages[key] = kept
+            # traced from neither the caches at t == 1 (see _Package.build) nor, where the first step runs the later
+            # steps' graph, the empty ones at t == 0 (that graph would serve cache length 0 alone)
+            if key not in self.packages and (first or t > 0) and not any(n == 1 for x in flat for n in x.shape[1:]):
+                self.packages[key] = self._build(key, flat, state, single)
             return eager(tokens, state, *args)  # eagerly, while there is no graph
         package = self.packages[key]
         if package is None:  # its lowering failed: torch.compile's graph of the same step, in its place, decoded the

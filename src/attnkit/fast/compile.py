@@ -136,7 +136,7 @@ class CompiledDecoder(nn.Module):
 
             directory = kept[prepack] if kept else None
             self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name],
-                                                        directory)
+                                                        directory, first_step_apart=fn is beam_search_step)
                                   for name, fn in steps.items()}
             if self.decoder.grouped:
                 self._aot_encoder = AheadOfTimeEncoder(self.decoder, directory)
