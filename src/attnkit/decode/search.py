@@ -185,12 +185,11 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
             on_step(SearchStep(t, live, tokens, out[live, : t + 1], step_scores[live, : t + 1].sum(1, keepdim=True),
                                attn, step_log_probs))
             step_log_probs = None
-        going = tokens.ne(EOS)
-        n_going = int(going.sum())  # one synchronisation a step
-        if n_going == 0:
+        going = [i for i, token in enumerate(tokens.tolist()) if token != EOS]  # one synchronisation a step
+        if not going:
             break
-        if n_going < tokens.size(0):  # drop finished sentences, so later steps compute only the live ones
-            keep = going.nonzero().squeeze(1)
+        if len(going) < tokens.size(0):  # drop finished sentences, so later steps compute only the live ones
+            keep = torch.tensor(going, device=dev)
             state, rows, tokens, row_limits = state.select(keep), rows[keep], tokens[keep], row_limits[keep]
             every_row = False
     hyps = []
