@@ -130,6 +130,12 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
             _same(_decode(fast, batch, beam), _decode(model, batch, beam))
         assert len(aot.packages) == 2 * graphs[search_step.__name__] and all(aot.packages.values())
         assert aot.fallback.calls == 0
+    # greedy decoding's first step runs its package too: a search of one sentence is a package call every step
+    runs = []
+    for package in fast.search_steps()["greedy_step"].packages.values():
+        monkeypatch.setattr(package, "run", partial(lambda run, flat: runs.append(flat) or run(flat), package.run))
+    hyps = _decode(fast, one, 1)
+    assert len(runs) == len(hyps[0][0].tokens) + 1 and any(x.dim() == 4 and x.size(2) == 0 for x in runs[0])
     for batch in (src, src[:1], src[1:3, :5], src[3:, :1], torch.cat([src, src])):
         same_state(batch)
     too_long = torch.randint(4, VOCAB, (2, model.cfg.max_positions + 3))

@@ -13,9 +13,9 @@ fallback (``compile_step``'s torch.compile graph).
 
 Each package holds the model's weights as constants of its own: greedy decoding makes one (its first step runs
 the later steps' graph), beam search two (its first step makes the beams), and each as many again for searches of
-one sentence, so the two together hold up to six copies of the weights beside the model's. A first step with a
-package of its own read its weights from memory again for every sentence: one sentence at a time, greedy decoding's
-took 388 us where the later steps' package took 125 us on the same empty cache (median; the Multi30k model, AMD EPYC
+one sentence, so the two together hold up to six copies of the weights beside the model's. A package that runs
+once a sentence reads its own copy of the weights from memory again every sentence: one sentence at a time, a first
+step with a package of its own took 388 us against 125 us for a later step (medians; the Multi30k model, AMD EPYC
 Zen 4).
 
 Compiling a package takes tens of seconds; with a ``cache`` directory (:func:`cache_directory`: one per model's
