@@ -291,8 +291,13 @@ def _export(page: Page, downloads: Path, kind: str) -> Path:
     """Click the view's export button and wait for the downloaded file."""
     before = set(downloads.iterdir())
     page.find(f"button[data-export={kind}]").click()
-    page.wait(lambda: [f for f in set(downloads.iterdir()) - before if not f.name.endswith(".crdownload")], 15,
-              f"the {kind} download")
+
+    def finished() -> bool:
+        # Chromium may reserve the file's name while it still writes NAME.crdownload: done once that is gone
+        new = set(downloads.iterdir()) - before
+        return bool(new) and not any(f.name.endswith(".crdownload") for f in new)
+
+    page.wait(finished, 15, f"the {kind} download")
     (new,) = set(downloads.iterdir()) - before
     assert new.suffix == f".{kind}" and new.stat().st_size > 0
     return new
