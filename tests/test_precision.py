@@ -64,6 +64,20 @@ def test_the_int8_product_equals_its_reference(rows, bias):
     torch.testing.assert_close(q.weight, q.q_weight_t.t().float() * q.w_scale[:, None])
 
 
+def test_one_row_multiplies_by_the_other_layout_to_the_same_bits():
+    """A single row reads the weight as [out, in] (oneDNN's matrix-vector product), more rows as [in, out]: the int32
+    products are exact either way, so each row's output is the one it gets among many."""
+    torch.manual_seed(0)
+    q = Int8Linear(nn.Linear(128, 300))
+    x = torch.randn(9, 128)
+    many = q(x)
+    for i in range(len(x)):
+        assert torch.equal(q(x[i:i + 1]), many[i:i + 1])
+        assert torch.equal(q(x[i]), many[i])  # a vector, [in] -> [out]
+    torch.testing.assert_close(q(x[:1]), int8_linear_reference(x[:1], q.q_weight, q.w_scale[:, None], q.bias),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_a_cpu_without_the_instructions_gets_one_line_naming_them():
     for precision in ("bf16", "int8"):
         with pytest.raises(AttnkitError) as e:
