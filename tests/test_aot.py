@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -130,12 +131,26 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
             _same(_decode(fast, batch, beam), _decode(model, batch, beam))
         assert len(aot.packages) == 2 * graphs[search_step.__name__] and all(aot.packages.values())
         assert aot.fallback.calls == 0
-    # greedy decoding's first step runs its package too: a search of one sentence is a package call every step
-    runs = []
+    # greedy decoding's first step runs its package too: a search of one sentence is a package call every step,
+    # in one loop over the package (AheadOfTimeStep.greedy_search), with the hypotheses of the search step by step
+    # (which an on_step callback asks for): the same tokens, scores and log-probabilities, to the bit
+    runs, steps = [], []
     for package in fast.search_steps()["greedy_step"].packages.values():
-        monkeypatch.setattr(package, "run", partial(lambda run, flat: runs.append(flat) or run(flat), package.run))
-    hyps = _decode(fast, one, 1)
-    assert len(runs) == len(hyps[0][0].tokens) + 1 and any(x.dim() == 4 and x.size(2) == 0 for x in runs[0])
+        loader = package.runner.loader
+        counted = SimpleNamespace(run=partial(lambda run, flat: runs.append(flat) or run(flat), loader.run))
+        monkeypatch.setattr(package, "runner", SimpleNamespace(loader=counted))
+        monkeypatch.setattr(package, "run", partial(lambda run, flat: steps.append(flat) or run(flat), package.run))
+    for sentence in (one, src[1:2], src[2:3, :5], src[3:, :2]):
+        lens = max_lengths(sentence.ne(PAD).sum(1), 1.0, 4)
+        runs.clear()
+        steps.clear()
+        (looped,) = greedy(fast, fast.init_state(fast.encode(sentence)), lens)
+        assert len(runs) == len(looped.tokens) + 1 and not steps
+        assert any(x.dim() == 4 and x.size(2) == 0 for x in runs[0])
+        (stepped,) = greedy(fast, fast.init_state(fast.encode(sentence)), lens, on_step=lambda _: None)
+        assert len(steps) == len(looped.tokens) + 1
+        assert (looped.tokens, looped.score, looped.log_probs) == (stepped.tokens, stepped.score, stepped.log_probs)
+        _same([[looped]], _decode(model, sentence, 1))
     for batch in (src, src[:1], src[1:3, :5], src[3:, :1], torch.cat([src, src])):
         same_state(batch)
     too_long = torch.randint(4, VOCAB, (2, model.cfg.max_positions + 3))

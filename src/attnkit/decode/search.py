@@ -142,7 +142,14 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
     ``on_token`` is called after every step with the tokens just chosen [N] (EOS once a row ended), to stream them;
     ``on_step`` after every step with a :class:`SearchStep` of the rows still decoding (those that just ended
     included), with their attention and log-probabilities.
+
+    A greedy search that streams and watches nothing is the model's own where it has one (``model.greedy_search``:
+    the same hypotheses, see :class:`~attnkit.models.contract.GenerativeModel`).
     """
+    whole = getattr(model, "greedy_search", None)
+    if temperature == 0 and whole is not None and prefix is None and on_token is None and on_step is None \
+            and not need_weights and (found := whole(state, max_lens)) is not None:
+        return found
     dev = model_device(model)
     n, limit = max_lens.size(0), int(max_lens.max())
     rows = torch.arange(n, device=dev)  # the batch row of each sentence still decoding; finished ones leave
@@ -192,12 +199,20 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
             keep = torch.tensor(going, device=dev)
             state, rows, tokens, row_limits = state.select(keep), rows[keep], tokens[keep], row_limits[keep]
             every_row = False
+    return sampled_hypotheses(out[:, :steps].tolist(), step_scores,
+                              None if attn_all is None else attn_all[:, :, :width])
+
+
+def sampled_hypotheses(rows: list[list[int]], step_scores: Tensor, attention: Tensor | None = None) -> list[Hypothesis]:
+    """The hypotheses of a search that chose one token a step per row: rows [N][steps] of tokens (a row ends at its
+    first EOS), step_scores [N, >= steps] their log-probabilities (zeros past the last step), attention [N, T, S]
+    or None."""
     hyps = []
-    for i, row in enumerate(out[:, :steps].tolist()):
+    for i, row in enumerate(rows):
         length = row.index(EOS) if EOS in row else len(row)
         lps = step_scores[i, : length + 1]
-        attention = None if attn_all is None else attn_all[i, : length + 1, :width]
-        hyps.append(Hypothesis(row[:length], float(lps.sum()), attention, lps.tolist()))
+        weights = None if attention is None else attention[i, : length + 1]
+        hyps.append(Hypothesis(row[:length], float(lps.sum()), weights, lps.tolist()))
     return hyps
 
 

@@ -188,6 +188,18 @@ class CompiledDecoder(nn.Module):
     def search_steps(self) -> dict:
         return self._search_steps
 
+    def greedy_search(self, state, max_lens: Tensor) -> list | None:
+        """One sentence's greedy search in one loop over its package (:meth:`AheadOfTimeStep.greedy_search`), once
+        the greedy step's check has chosen the package; None otherwise (the search runs step by step)."""
+        from attnkit.fast.aot import AheadOfTimeStep
+
+        step = self._search_steps["greedy_step"]
+        if isinstance(step, CheckedStep):
+            if step.chosen is None or step.chosen is not step.compiled:
+                return None
+            step = step.compiled
+        return step.greedy_search(state, max_lens) if isinstance(step, AheadOfTimeStep) else None
+
     def checks(self) -> dict[str, CheckedStep]:
         """The compiled steps that are checked against their eager versions (``check``), by name: the search steps,
         and the encoder's package for one sentence and for a batch."""

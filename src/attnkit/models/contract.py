@@ -115,6 +115,12 @@ class GenerativeModel(nn.Module):
         the plain ones, by name: none for a model; the fast runtime's decoders offer compiled ones."""
         return {}
 
+    def greedy_search(self, state: DecodingState, max_lens: Tensor) -> list | None:
+        """A whole greedy search (:func:`attnkit.decode.search.sample` at temperature 0, nothing streamed or
+        watched) that this model runs in place of the step-by-step one, with the same hypotheses; None where it has
+        none for this search: none for a model; the fast runtime's compiled decoders run one sentence's."""
+        return None
+
     def require(self, capability: str) -> None:
         """A one-line error unless this family can ``capability``."""
         if capability not in self.capabilities:
