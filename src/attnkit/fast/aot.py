@@ -135,22 +135,21 @@ class AheadOfTimeStep:
                 or state.memory.states.size(0) != 1 or max_lens.numel() != 1 or not state.memory.states.is_cpu):
             return None
         limits = max_lens.to(state.device)
-        package, limit = self.packages.get((type(state), 1, False, True, ())), int(limits[0])
-        n_state = len(state.tensors())
+        package, limit, tensors = self.packages.get((type(state), 1, False, True, ())), int(limits[0]), state.tensors()
+        n_state = len(tensors)
         if package is None or limit < 1 or package.structure != ("tuple", tuple, ["tensor", "tensor",
                                                                                   ("state", type(state), 1, n_state),
                                                                                   None]):
             return None
         # the inputs as a search step is called with (tokens, the state, limits), as the graph reads them
         flat = [x if x.is_contiguous() else x.contiguous()
-                for x in (torch.full((1,), BOS, dtype=torch.long), *state.tensors(), limits)]
-        run, passed, chosen, scores = package.runner.loader.run, package.passed, [], []
+                for x in (torch.full((1,), BOS, dtype=torch.long), *tensors, limits)]
+        chosen, scores = [], []
         for _ in range(limit):
             if not package.fits(flat):
                 return None
-            outputs = iter(run(flat))
             # (next tokens, their log-probabilities, the next state's tensors); the attention is None
-            leaves = [next(outputs) if i is None else flat[i] for i in passed]
+            leaves = package.leaves(flat)
             chosen.append(leaves[0])
             scores.append(leaves[1])
             if int(leaves[0]) == EOS:
@@ -427,10 +426,13 @@ class _Package:
     def fits(self, flat: list[Tensor]) -> bool:
         return all(low <= flat[i].size(d) <= high for i, d, low, high in self.bounds)
 
-    def run(self, flat: list[Tensor]):
+    def leaves(self, flat: list[Tensor]) -> list[Tensor]:
+        """The step's result for inputs ``flat`` as its tensors, in :func:`_flatten`'s order."""
         outputs = iter(self.runner.loader.run(flat))
-        leaves = iter([next(outputs) if i is None else flat[i] for i in self.passed])
-        return _unflatten(self.structure, leaves)
+        return [next(outputs) if i is None else flat[i] for i in self.passed]
+
+    def run(self, flat: list[Tensor]):
+        return _unflatten(self.structure, iter(self.leaves(flat)))
 
 
 class _BiasAddAfterProduct(CustomGraphPass):

@@ -195,7 +195,7 @@ class CompiledDecoder(nn.Module):
 
         step = self._search_steps["greedy_step"]
         if isinstance(step, CheckedStep):
-            if step.chosen is None or step.chosen is not step.compiled:
+            if step.chosen is not step.compiled:
                 return None
             step = step.compiled
         return step.greedy_search(state, max_lens) if isinstance(step, AheadOfTimeStep) else None
