@@ -135,7 +135,8 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
     # in one loop over the package (AheadOfTimeStep.greedy_search), with the hypotheses of the search step by step
     # (which an on_step callback asks for): the same tokens, scores and log-probabilities, to the bit
     runs, steps = [], []
-    for package in fast.search_steps()["greedy_step"].packages.values():
+    for package in [*fast.search_steps()["greedy_step"].packages.values(),
+                    *fast.search_steps()["beam_step"].packages.values()]:
         loader = package.runner.loader
         counted = SimpleNamespace(run=partial(lambda run, flat: runs.append(flat) or run(flat), loader.run))
         monkeypatch.setattr(package, "runner", SimpleNamespace(loader=counted))
@@ -151,6 +152,20 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
         assert len(steps) == len(looped.tokens) + 1
         assert (looped.tokens, looped.score, looped.log_probs) == (stepped.tokens, stepped.score, stepped.log_probs)
         _same([[looped]], _decode(model, sentence, 1))
+    # beam search of one sentence likewise (AheadOfTimeStep.beam_search): its first step's package, then the later
+    # steps', in one loop, with the finished hypotheses of the search step by step in the same order, to the bit
+    for sentence in (one, src[1:2], src[2:3, :5], src[3:, :2]):
+        lens = max_lengths(sentence.ne(PAD).sum(1), 1.0, 4)
+        runs.clear()
+        steps.clear()
+        (looped,) = beam_search(fast, fast.init_state(fast.encode(sentence)), lens, beam_size=3, n_best=3)
+        looped_runs = len(runs)
+        assert looped_runs >= 2 and not steps and len(looped) == 3
+        (stepped,) = beam_search(fast, fast.init_state(fast.encode(sentence)), lens, beam_size=3, n_best=3,
+                                 on_step=lambda _: None)
+        assert len(steps) == looped_runs
+        assert [(h.tokens, h.score) for h in looped] == [(h.tokens, h.score) for h in stepped]
+        _same([looped], _decode(model, sentence, 3))
     for batch in (src, src[:1], src[1:3, :5], src[3:, :1], torch.cat([src, src])):
         same_state(batch)
     too_long = torch.randint(4, VOCAB, (2, model.cfg.max_positions + 3))

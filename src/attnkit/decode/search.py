@@ -290,7 +290,14 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
 
     ``on_step`` is called after every step with a :class:`SearchStep`: the next beams of each sentence that was
     searching at this step (those that ended here included), best first, and the hypotheses finished so far.
+
+    A search that streams and watches nothing is the model's own where it has one (``model.beam_search``: the same
+    finished hypotheses, see :class:`~attnkit.models.contract.GenerativeModel`).
     """
+    whole = getattr(model, "beam_search", None)
+    if whole is not None and on_step is None and not need_weights \
+            and (found := whole(state, max_lens, beam_size, len_penalty)) is not None:
+        return [sorted(f, key=lambda h: -h.score)[:n_best] for f in found]
     n, k, dev = max_lens.size(0), beam_size, model_device(model)
     live = list(range(n))  # sentence id of each remaining block of k rows
     limits, live_limits = max_lens.tolist(), max_lens.to(dev)

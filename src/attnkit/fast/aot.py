@@ -18,8 +18,9 @@ once a sentence reads its own copy of the weights from memory again every senten
 step with a package of its own took 388 us against 125 us for a later step (medians; the Multi30k model, AMD EPYC
 Zen 4).
 
-A greedy search of one sentence runs its package in one loop (:meth:`AheadOfTimeStep.greedy_search`) that hands
-each step's outputs to the next, without a search step's Python around each call.
+A greedy search or beam search of one sentence runs its packages in one loop (:meth:`AheadOfTimeStep.greedy_search`,
+:meth:`AheadOfTimeStep.beam_search`) that hands each step's outputs to the next, without a search step's Python
+around each call.
 
 Compiling a package takes tens of seconds; with a ``cache`` directory (:func:`cache_directory`: one per model's
 weights, torch version, attnkit source and CPU) each package is written there once, with a record of how to use
@@ -49,7 +50,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch.export import Dim
 from torch.utils._sympy.numbers import int_oo
 
-from attnkit.decode.search import sampled_hypotheses
+from attnkit.decode.search import BeamStep, Hypothesis, sampled_hypotheses
 from attnkit.fast.decoding import GroupedDecoderState
 from attnkit.tokens import BOS, EOS
 
@@ -158,6 +159,54 @@ class AheadOfTimeStep:
         step_scores = torch.zeros(1, limit)
         step_scores[0, :len(scores)] = torch.cat(scores)
         return sampled_hypotheses([torch.cat(chosen).tolist()], step_scores)
+
+    def beam_search(self, state, max_lens: Tensor, beam_size: int, len_penalty: float) -> list | None:
+        """Beam search of one sentence with its first step in this kind's first-step package and every later step
+        in the later steps' package (both loaded or compiled by earlier searches), in a loop that hands each step's
+        outputs to the next: the finished hypotheses, in the order :func:`~attnkit.decode.search.beam_search` finds
+        them step by step, without the Python around each of its steps (a package call's wrappers, the
+        :class:`~attnkit.decode.search.BeamStep` and state built again as objects, the search's bookkeeping of a
+        batch). None where it does not apply, as for :meth:`greedy_search`."""
+        if (not self.first_step_apart or not exportable(state) or state.offset != 0 or state.beams != 1
+                or state.memory.states.size(0) != 1 or max_lens.numel() != 1 or not state.memory.states.is_cpu):
+            return None
+        k, tensors = beam_size, state.tensors()
+        # beam_step's tensors after the state: scores [1, k] (the beam size a constant), history, limits
+        first = self.packages.get((type(state), 1, True, True, (k,), (), ()))
+        later = self.packages.get((type(state), k, False, True, (k,), (), ()))
+        limits = max_lens.to(state.device)
+        limit, n_state = int(limits[0]), len(tensors)
+
+        def structure(beams):
+            return ("tuple", BeamStep, [("state", type(state), beams, n_state), *["tensor"] * 8, None])
+
+        if first is None or later is None or limit < 1 or first.structure != structure(k) \
+                or later.structure != structure(k):
+            return None
+        scores = torch.full((1, k), float("-inf"))
+        scores[0, 0] = 0.0  # the k beams start as one
+        history = torch.full((k, 0), BOS, dtype=torch.long)
+        flat = [x if x.is_contiguous() else x.contiguous()
+                for x in (torch.full((1,), BOS, dtype=torch.long), *tensors, scores, history, limits)]
+        finished = []
+        for t in range(limit):
+            package = first if t == 0 else later
+            if not package.fits(flat):
+                return None
+            # (the next state's tensors, tokens, scores, history, rows, ending, candidate scores and rows, stuck)
+            leaves = package.leaves(flat)
+            tokens, scores, history, _, ending, candidate_scores, candidate_rows, stuck = leaves[n_state:]
+            ended = ending.view(-1).tolist()
+            if True in ended:
+                rows = [row for row, end in zip(candidate_rows.view(-1).tolist(), ended) if end]
+                ended_scores = [score for score, end in zip(candidate_scores.view(-1).tolist(), ended) if end]
+                for row, score in zip(flat[-2][rows].tolist(), ended_scores):
+                    if len(finished) < k:
+                        finished.append(Hypothesis(row, score / (t + 1) ** len_penalty))
+            if len(finished) >= k or bool(stuck):
+                break
+            flat = [tokens, *leaves[:n_state], scores, history, limits]
+        return [finished]
 
     def _name(self, key: tuple) -> str:
         """The file name of the package for ``key``: the search step and a digest of the graph's kind."""

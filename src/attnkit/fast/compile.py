@@ -191,14 +191,25 @@ class CompiledDecoder(nn.Module):
     def greedy_search(self, state, max_lens: Tensor) -> list | None:
         """One sentence's greedy search in one loop over its package (:meth:`AheadOfTimeStep.greedy_search`), once
         the greedy step's check has chosen the package; None otherwise (the search runs step by step)."""
+        step = self._ahead_of_time("greedy_step")
+        return None if step is None else step.greedy_search(state, max_lens)
+
+    def beam_search(self, state, max_lens: Tensor, beam_size: int, len_penalty: float) -> list | None:
+        """One sentence's beam search in one loop over its packages (:meth:`AheadOfTimeStep.beam_search`), once the
+        beam step's check has chosen them; None otherwise (the search runs step by step)."""
+        step = self._ahead_of_time("beam_step")
+        return None if step is None else step.beam_search(state, max_lens, beam_size, len_penalty)
+
+    def _ahead_of_time(self, name: str):
+        """The search step ``name`` compiled ahead of time, where it runs (its check chose it); else None."""
         from attnkit.fast.aot import AheadOfTimeStep
 
-        step = self._search_steps["greedy_step"]
+        step = self._search_steps[name]
         if isinstance(step, CheckedStep):
             if step.chosen is not step.compiled:
                 return None
             step = step.compiled
-        return step.greedy_search(state, max_lens) if isinstance(step, AheadOfTimeStep) else None
+        return step if isinstance(step, AheadOfTimeStep) else None
 
     def checks(self) -> dict[str, CheckedStep]:
         """The compiled steps that are checked against their eager versions (``check``), by name: the search steps,

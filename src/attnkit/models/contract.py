@@ -121,6 +121,12 @@ class GenerativeModel(nn.Module):
         none for this search: none for a model; the fast runtime's compiled decoders run one sentence's."""
         return None
 
+    def beam_search(self, state: DecodingState, max_lens: Tensor, beam_size: int, len_penalty: float) -> list | None:
+        """A whole beam search (:func:`attnkit.decode.search.beam_search`, nothing streamed or watched) that this
+        model runs in place of the step-by-step one: each sentence's finished hypotheses, in the order that search
+        finds them; None where it has none for this search (as :meth:`greedy_search`)."""
+        return None
+
     def require(self, capability: str) -> None:
         """A one-line error unless this family can ``capability``."""
         if capability not in self.capabilities:
