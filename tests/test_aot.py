@@ -66,11 +66,12 @@ def _ahead_of_time(model):
 def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_the_cache(model, tmp_path,
                                                                                          monkeypatch, capfd):
     """``attnkit translate --compile``'s model. Greedy decoding makes one graph (at cache length 2; its first step
-    runs it over the empty cache), beam search two (its first step's, which makes the beams, and the later steps'):
-    those of a batch serve batches of any size whose sentences end at different steps (rows leave, the caches carry
-    a pending reordering, the last sentence decodes alone), those of a search of one sentence (greedy decoding's
-    first here, beam search's second) serve every later search of one; never falling back, with eager decoding's
-    outputs and scores. (Traced with one sentence as it came, a batch's graph once
+    runs it over the empty cache), beam search two for a batch (its first step's, which makes the beams, and the
+    later steps') and one for a sentence alone (its first step a later step over the beams made before it): those of
+    a batch serve batches of any size whose sentences end at different steps (rows leave, the caches carry a pending
+    reordering, the last sentence decodes alone), those of a search of one sentence (greedy decoding's first here,
+    beam search's second) serve every later search of one; never falling back, with eager decoding's outputs and
+    scores. (Traced with one sentence as it came, a batch's graph once
     computed wrong rows for several.) The encoder
     and ``init_state``, one package built on the first source of two tokens or more, make eager encoding's state
     at every batch size and source length; a source beyond the positional table is encoded eagerly. The graphs of
@@ -118,18 +119,18 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
     assert encoder.package is None and not encoder.tried
     one = src[:1]
     searches = ((1, greedy_step, one), (3, beam_step, src))
-    graphs = {"greedy_step": 1, "beam_step": 2}  # a search's graphs of a kind (one sentence, or a batch)
+    graphs = {"greedy_step": (1, 1), "beam_step": (2, 1)}  # a search's graphs of a kind: of a batch, of one sentence
     for beam, search_step, first in searches:
         aot = fast.search_steps()[search_step.__name__]
         assert isinstance(aot, AheadOfTimeStep)
         aot.fallback = Counting(fast, search_step)
         _same(_decode(fast, first, beam), _decode(model, first, beam))  # eagerly while the graphs are made
         # a search of one sentence makes graphs of its own; a batch's last sentence left alone keeps the batch's
-        assert len(aot.packages) == graphs[search_step.__name__] and all(aot.packages.values())
+        assert len(aot.packages) == graphs[search_step.__name__][first is one] and all(aot.packages.values())
         assert {key[3] for key in aot.packages} == {first is one}
         for batch in (src, one, src[1:3, :5]):
             _same(_decode(fast, batch, beam), _decode(model, batch, beam))
-        assert len(aot.packages) == 2 * graphs[search_step.__name__] and all(aot.packages.values())
+        assert len(aot.packages) == sum(graphs[search_step.__name__]) and all(aot.packages.values())
         assert aot.fallback.calls == 0
     # greedy decoding's first step runs its package too: a search of one sentence is a package call every step,
     # in one loop over the package (AheadOfTimeStep.greedy_search), with the hypotheses of the search step by step
@@ -152,8 +153,9 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
         assert len(steps) == len(looped.tokens) + 1
         assert (looped.tokens, looped.score, looped.log_probs) == (stepped.tokens, stepped.score, stepped.log_probs)
         _same([[looped]], _decode(model, sentence, 1))
-    # beam search of one sentence likewise (AheadOfTimeStep.beam_search): its first step's package, then the later
-    # steps', in one loop, with the finished hypotheses of the search step by step in the same order, to the bit
+    # beam search of one sentence likewise (AheadOfTimeStep.beam_search): every step, the first over the beams made
+    # before it, in the later steps' package, in one loop, with the finished hypotheses of the search step by step in
+    # the same order, to the bit
     for sentence in (one, src[1:2], src[2:3, :5], src[3:, :2]):
         lens = max_lengths(sentence.ne(PAD).sum(1), 1.0, 4)
         runs.clear()
@@ -161,6 +163,8 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
         (looped,) = beam_search(fast, fast.init_state(fast.encode(sentence)), lens, beam_size=3, n_best=3)
         looped_runs = len(runs)
         assert looped_runs >= 2 and not steps and len(looped) == 3
+        # the first step: the k beams' tokens, over empty caches
+        assert runs[0][0].shape == (3,) and any(x.dim() == 4 and x.size(2) == 0 for x in runs[0])
         (stepped,) = beam_search(fast, fast.init_state(fast.encode(sentence)), lens, beam_size=3, n_best=3,
                                  on_step=lambda _: None)
         assert len(steps) == looped_runs
@@ -175,15 +179,15 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
     # and never the fallback (whose torch.compile would compile too), with eager decoding's outputs
     assert fast.seal() == ["greedy_step", "beam_step", "encoder"]
     _same(_decode(fast, src, 2), _decode(model, src, 2))
-    assert len(aot.packages) == 4 and aot.fallback.calls == 0
-    # the encoder's package, then each step's: three of a search of one sentence, three of batches
-    assert len(compiled_with) == 7 and compiled_with.count(aot_module.FIXED_GRAPH) == 3
+    assert len(aot.packages) == 3 and aot.fallback.calls == 0
+    # the encoder's package, then each step's: two of a search of one sentence, three of batches
+    assert len(compiled_with) == 6 and compiled_with.count(aot_module.FIXED_GRAPH) == 2
     assert compiled_with.count(aot_module.GRAPH) == 4
 
     greedy_steps = fast.search_steps()["greedy_step"]
     kept = sorted(greedy_steps.cache.glob("*.pt2"))
     assert greedy_steps.cache.parent == tmp_path / "compiled" and all(p.with_suffix(".json").is_file() for p in kept)
-    assert len(kept) == 7 and (greedy_steps.cache / "encoder.pt2") in kept
+    assert len(kept) == 6 and (greedy_steps.cache / "encoder.pt2") in kept
     assert greedy_steps.loaded == 0 and encoder.loaded == 0
 
     again = decoder()
@@ -191,8 +195,8 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
         aot = again.search_steps()[search_step.__name__]
         for batch in (first, src, one):
             _same(_decode(again, batch, beam), _decode(model, batch, beam))
-        assert aot.loaded == len(aot.packages) == 2 * graphs[search_step.__name__] and all(aot.packages.values())
-    assert again._aot_encoder.loaded == 1 and len(compiled_with) == 7
+        assert aot.loaded == len(aot.packages) == sum(graphs[search_step.__name__]) and all(aot.packages.values())
+    assert again._aot_encoder.loaded == 1 and len(compiled_with) == 6
 
     # greedy decoding's package of a batch damaged: a third decoder compiles it again, saying so once, and keeps it
     later = next(key for key in greedy_steps.packages if not key[3])
@@ -208,7 +212,7 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
         warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
         assert len(warnings) == 1 - expected_loaded  # one warning the first time, none once it is kept again
         assert all("compiling it again" in w for w in warnings)
-    assert len(compiled_with) == 8
+    assert len(compiled_with) == 7
 
     other = copy.deepcopy(model)
     next(other.parameters()).add_(1.0)
