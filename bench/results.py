@@ -667,11 +667,16 @@ def block_finetune_speed(results: dict) -> str:
 
 
 def block_first_translation(results: dict) -> str:
-    """How long `attnkit translate` of one sentence takes, start to exit: eager, compiled cold and warm."""
-    r = results.get("first_translation")
-    if r is None:
+    """How long `attnkit translate` of one sentence takes, start to exit: eager, compiled cold and warm; one table
+    per machine (first_translation.json, and first_translation_epyc.json where the bench ran on an AMD EPYC)."""
+    names = [n for n in ("first_translation", "first_translation_epyc") if n in results]
+    if not names:
         return absent("first_translation")
-    lines = [_ran(r, "first_translation", f"checkpoint `{text(_local(r.get('checkpoint')))}`") + ".", "",
+    return "\n".join(_first_translation(results[n], n) for n in names)
+
+
+def _first_translation(r: dict, name: str) -> str:
+    lines = [f"**{machine(r)}.** " + _ran(r, name, f"checkpoint `{text(_local(r.get('checkpoint')))}`") + ".", "",
              "| seconds to the first translation | `--no-compile` | `--compile`, cold cache | "
              "`--compile`, warm cache | "
              "warm / cold | same translation |", "|---|---|---|---|---|---|"]
