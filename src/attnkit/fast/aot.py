@@ -133,9 +133,11 @@ class AheadOfTimeStep:
         later step over k beams of which only the first is alive (the scores of the others are -inf), so its k
         rows, the sentence's beams made before the step rather than by it, rank to the same candidates (the same
         tokens, scores that may round otherwise). A first step's graph of its own would be one more copy of the
-        weights, read once a sentence; through the later steps' graph, beam search of the Multi30k test sentences one
-        at a time decoded 4% more tokens a second at fp32 and 2% at int8 (AMD EPYC Zen 4). Eager until that graph
-        is made (or outside its bounds)."""
+        weights to compile (a minute of a cold start, with the autotuning of its products) and to read once a
+        sentence. Decoding the Multi30k test sentences one at a time (AMD EPYC Zen 4), this first step gave 4%
+        more tokens a second at fp32 and 2% at int8 than a graph of its own, and 1% and 4% fewer where each run of
+        fifty sentences took turns with CTranslate2's, as bench/decode_precision.py runs them. Eager until that
+        graph is made (or outside its bounds)."""
         k = constants[0][0]  # the scores' [1, k]: the beam size
         package = self.packages.get((type(state), k, False, True, *constants))
         beams = state.repeat_beams(k)
