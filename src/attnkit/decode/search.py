@@ -72,6 +72,11 @@ def top_extensions(scores: Tensor, log_probs: Tensor, n: int) -> tuple[Tensor, T
     return (scores[:, :, None] + log_probs).view(m, k * v).topk(n, dim=1)
 
 
+def length_normalized(total: float, length: int, len_penalty: float) -> float:
+    """A finished hypothesis' beam-search score: ``sum log p / length ** len_penalty``, its length counting EOS."""
+    return total / length ** len_penalty
+
+
 def argmax(log_probs: Tensor) -> Tensor:
     """The most likely token of each row: log_probs [N, V] -> [N]."""
     return log_probs.argmax(-1)
@@ -283,7 +288,7 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
 
     Each step ranks the 2k best extensions of a sentence's k beams. An EOS candidate ranked above the
     k-th non-EOS one ends a hypothesis, scored ``sum log p / (length + 1) ** len_penalty`` (the +1 counts
-    EOS); the first k non-EOS candidates are the next beams. A sentence stops when it holds ``beam_size``
+    EOS: :func:`length_normalized`); the first k non-EOS candidates are the next beams. A sentence stops when it holds ``beam_size``
     finished hypotheses (or has no live candidate left), and is then dropped from the batch, so later steps
     compute only the sentences still searching. The ranking is done on tensors for all sentences at once
     (:func:`beam_step`); Python only sees the hypotheses that end.
@@ -324,7 +329,7 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
                     if r.attention is not None:
                         a = r.attention[row][None]
                         a = a if attn_history is None else torch.cat([attn_history[row], a])
-                    finished[s].append(Hypothesis(hist, score / (t + 1) ** len_penalty, a))
+                    finished[s].append(Hypothesis(hist, length_normalized(score, t + 1, len_penalty), a))
                 if len(finished[s]) >= k:
                     done.add(j)
         state, tokens, scores, history = r.state, r.tokens, r.scores, r.history

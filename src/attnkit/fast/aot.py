@@ -50,7 +50,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch.export import Dim
 from torch.utils._sympy.numbers import int_oo
 
-from attnkit.decode.search import BeamStep, Hypothesis, sampled_hypotheses
+from attnkit.decode.search import BeamStep, Hypothesis, length_normalized, sampled_hypotheses
 from attnkit.fast.decoding import GroupedDecoderState
 from attnkit.tokens import BOS, EOS
 
@@ -220,7 +220,7 @@ class AheadOfTimeStep:
                 ended_scores = [score for score, end in zip(candidate_scores.view(-1).tolist(), ended) if end]
                 for row, score in zip(flat[-2][rows].tolist(), ended_scores):
                     if len(finished) < k:
-                        finished.append(Hypothesis(row, score / (t + 1) ** len_penalty))
+                        finished.append(Hypothesis(row, length_normalized(score, t + 1, len_penalty)))
             if len(finished) >= k or bool(stuck):
                 break
             flat = [tokens, *leaves[:n_state], scores, history, limits]
