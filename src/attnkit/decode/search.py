@@ -286,11 +286,11 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
                 on_step: Callable[[SearchStep], None] | None = None) -> list[list[Hypothesis]]:
     """Batched beam search. Returns, per sentence, the ``n_best`` hypotheses best first.
 
-    Each step ranks the 2k best extensions of a sentence's k beams. An EOS candidate ranked above the
-    k-th non-EOS one ends a hypothesis, scored ``sum log p / (length + 1) ** len_penalty`` (the +1 counts
-    EOS: :func:`length_normalized`); the first k non-EOS candidates are the next beams. A sentence stops when it holds ``beam_size``
-    finished hypotheses (or has no live candidate left), and is then dropped from the batch, so later steps
-    compute only the sentences still searching. The ranking is done on tensors for all sentences at once
+    Each step ranks the 2k best extensions of a sentence's k beams. An EOS candidate ranked above the k-th non-EOS
+    one ends a hypothesis, scored ``sum log p / (length + 1) ** len_penalty`` (the +1 counts EOS:
+    :func:`length_normalized`); the first k non-EOS candidates are the next beams. A sentence stops when it holds
+    ``beam_size`` finished hypotheses (or has no live candidate left), and is then dropped from the batch, so later
+    steps compute only the sentences still searching. The ranking is done on tensors for all sentences at once
     (:func:`beam_step`); Python only sees the hypotheses that end.
 
     ``on_step`` is called after every step with a :class:`SearchStep`: the next beams of each sentence that was
