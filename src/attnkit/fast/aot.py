@@ -125,8 +125,7 @@ class AheadOfTimeStep:
             return eager(tokens, state, *args)  # bf16 Multi30k model at 76 tokens/s, a tenth of eager fp32's (Xeon)
         if not package.fits(flat):
             return (eager if self.sealed else self.fallback)(tokens, state, *args)
-        # the graph reads its inputs with the strides of a contiguous tensor (below)
-        return package.run([x if x.is_contiguous() else x.contiguous() for x in flat])
+        return package.run(_contiguous(flat))
 
     def _first_of_one(self, tokens: Tensor, state, tensors: list[Tensor], constants: tuple, args: tuple):
         """Beam search's first step for one sentence, by the later steps' graph of one sentence: a first step is a
@@ -144,7 +143,7 @@ class AheadOfTimeStep:
         flat = [tokens.repeat_interleave(k), *beams.tensors(), *tensors]
         if package is None or not package.fits(flat):
             return partial(self.search_step, self.step)(tokens, state, *args)
-        return package.run([x if x.is_contiguous() else x.contiguous() for x in flat])
+        return package.run(_contiguous(flat))
 
     def greedy_search(self, state, max_lens: Tensor) -> list | None:
         """Greedy decoding of one sentence with every step in this kind's package (loaded or compiled by an earlier
@@ -154,8 +153,7 @@ class AheadOfTimeStep:
         a sentence's time; fp32 Multi30k model, AMD EPYC Zen 4). None where it does not apply: a state that is not
         exported, more than one sentence, no package yet, sizes outside its bounds (the search then runs step by
         step, from the same state: a package leaves its inputs as they were)."""
-        if (self.first_step_apart or not exportable(state) or state.offset != 0 or state.beams != 1
-                or state.memory.states.size(0) != 1 or max_lens.numel() != 1 or not state.memory.states.is_cpu):
+        if self.first_step_apart or not _one_sentence_at_start(state, max_lens):
             return None
         limits = max_lens.to(state.device)
         package, limit, tensors = self.packages.get((type(state), 1, False, True, ())), int(limits[0]), state.tensors()
@@ -165,8 +163,7 @@ class AheadOfTimeStep:
                                                                                   None]):
             return None
         # the inputs as a search step is called with (tokens, the state, limits), as the graph reads them
-        flat = [x if x.is_contiguous() else x.contiguous()
-                for x in (torch.full((1,), BOS, dtype=torch.long), *tensors, limits)]
+        flat = _contiguous([torch.full((1,), BOS, dtype=torch.long), *tensors, limits])
         chosen, scores = [], []
         for _ in range(limit):
             if not package.fits(flat):
@@ -190,8 +187,7 @@ class AheadOfTimeStep:
         steps (a package call's wrappers, the :class:`~attnkit.decode.search.BeamStep` and state built again as
         objects, the search's bookkeeping of a batch). None where it does not apply, as for
         :meth:`greedy_search`."""
-        if (not self.first_step_apart or not exportable(state) or state.offset != 0 or state.beams != 1
-                or state.memory.states.size(0) != 1 or max_lens.numel() != 1 or not state.memory.states.is_cpu):
+        if not self.first_step_apart or not _one_sentence_at_start(state, max_lens):
             return None
         k, beams = beam_size, state.repeat_beams(beam_size)
         tensors = beams.tensors()
@@ -205,8 +201,7 @@ class AheadOfTimeStep:
         scores = torch.full((1, k), float("-inf"))
         scores[0, 0] = 0.0  # the k beams start as one
         history = torch.full((k, 0), BOS, dtype=torch.long)
-        flat = [x if x.is_contiguous() else x.contiguous()
-                for x in (torch.full((k,), BOS, dtype=torch.long), *tensors, scores, history, limits)]
+        flat = _contiguous([torch.full((k,), BOS, dtype=torch.long), *tensors, scores, history, limits])
         finished = []
         for t in range(limit):
             if not package.fits(flat):
@@ -280,7 +275,7 @@ class AheadOfTimeEncoder:
             return self.eager(src)
         if not self.package.fits([src]):
             return self.eager(src)
-        return self.package.run([src if src.is_contiguous() else src.contiguous()])
+        return self.package.run(_contiguous([src]))
 
 
 def _load_kept(cache: Path | None, name: str, what: str) -> _Package | None:
@@ -375,6 +370,18 @@ def _named_type(name: str) -> type:
 
 def exportable(state) -> bool:
     return isinstance(state, GroupedDecoderState)
+
+
+def _one_sentence_at_start(state, max_lens: Tensor) -> bool:
+    """Whether ``state`` is an exported state of one sentence on the CPU, before its first step, without beams:
+    where a whole search of one sentence in one loop can begin."""
+    return (exportable(state) and state.offset == 0 and state.beams == 1 and state.memory.states.size(0) == 1
+            and max_lens.numel() == 1 and state.memory.states.is_cpu)
+
+
+def _contiguous(tensors: list[Tensor]) -> list[Tensor]:
+    """A package reads its inputs with the strides of contiguous tensors."""
+    return [x if x.is_contiguous() else x.contiguous() for x in tensors]
 
 
 def _constant_dims(x: Tensor) -> range:
