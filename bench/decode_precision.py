@@ -141,6 +141,9 @@ def main() -> int:
     if args.compile:  # what each compiled search step became: kept, or dropped for the eager step, and why
         metrics["compiled_steps"] = {name: steps_kept(d) for name, d in ours.items()}
         print("compiled steps:", metrics["compiled_steps"])
+        # where searches of this many sentences or more run packed products (attnkit.fast.aot.WIDE_GRAPH); None: none
+        metrics["wide_sentences"] = {name: getattr(d, "wide_sentences", None) for name, d in ours.items()}
+        print("wide searches from:", metrics["wide_sentences"])
     write_results(args.out, "decode_precision", " ".join(["python", *sys.argv]), metrics, systems=systems,
                   ratios=ratios, checkpoint=str(path), sentences=n, batch1_sentences=min(n, args.batch1_sentences),
                   threads=args.threads)

@@ -104,7 +104,15 @@ def machine(record: dict) -> str:
     if cpu is None:
         return NOT_RECORDED
     cpu = " ".join(re.sub(r"\((R|TM)\)", "", cpu).split())
+    family, model = get(record, "machine", "cpu_family"), get(record, "machine", "cpu_model")
+    if family is not None and model is not None:  # a bare name ("AMD EPYC") covers several generations
+        cpu += f" (family {family}, model {model})"
     return f"{cpus}-core {cpu}" if cpus else cpu
+
+
+def per_machine(results: dict, bench: str) -> list[str]:
+    """A bench's results files, one per machine it ran on: ``bench`` first, then ``bench_<machine>`` by name."""
+    return [n for n in results if n == bench] + sorted(n for n in results if n.startswith(bench + "_"))
 
 
 def torch_version(record: dict) -> str:
@@ -538,8 +546,8 @@ def _local(path: str | None) -> str | None:
 
 def block_decode_precision(results: dict) -> str:
     """attnkit at each precision against CTranslate2, cell by cell, and BLEU per precision: one table per machine
-    (decode_precision.json, and decode_precision_epyc.json where the bench ran on an AMD EPYC)."""
-    names = [n for n in ("decode_precision", "decode_precision_epyc") if n in results]
+    (decode_precision.json, then decode_precision_<machine>.json for each other machine it ran on)."""
+    names = per_machine(results, "decode_precision")
     if not names:
         return absent("decode_precision")
     return "\n".join(_decode_precision(results[n], n) for n in names)
@@ -568,6 +576,11 @@ def _decode_precision(r: dict, name: str) -> str:
         lines.append("Each compiled step, checked against the eager one on the first batches: " + "; ".join(
             f"{name}: " + ", ".join(f"{step} {text(how)}" for step, how in steps.items())
             for name, steps in kept.items()) + ".")
+    wide = {name: n for name, n in get(r, "metrics", "wide_sentences", default={}).items() if n is not None}
+    if wide:
+        counts = "; ".join(f"{name}: {number(n, 0)}" for name, n in wide.items())
+        lines.append("Searches of this many sentences or more ran graphs whose linear layers are oneDNN's products of "
+                     f"packed weights (`WIDE_GRAPH`): {counts}.")
     lines += ["", "attnkit over CTranslate2 at the same precision, cell by cell (the target is at least 1.0x):", ""]
     ratios = r.get("ratios", {})
     pairs = [("fp32", "float32"), ("int8", "int8")]
@@ -605,8 +618,8 @@ def block_decode_profile(results: dict) -> str:
 
 def block_train_throughput(results: dict) -> str:
     """attnkit against Hugging Face Marian on the Multi30k batches, at fp32 and (where the CPU has it) bf16: one
-    table per machine (train_throughput.json, and train_throughput_epyc.json where it ran on an AMD EPYC)."""
-    names = [n for n in ("train_throughput", "train_throughput_epyc") if n in results]
+    table per machine (train_throughput.json, then train_throughput_<machine>.json for each other machine)."""
+    names = per_machine(results, "train_throughput")
     if not names:
         return absent("train_throughput")
     return "\n".join(_train_throughput(results[n], n) for n in names)
@@ -668,8 +681,8 @@ def block_finetune_speed(results: dict) -> str:
 
 def block_first_translation(results: dict) -> str:
     """How long `attnkit translate` of one sentence takes, start to exit: eager, compiled cold and warm; one table
-    per machine (first_translation.json, and first_translation_epyc.json where the bench ran on an AMD EPYC)."""
-    names = [n for n in ("first_translation", "first_translation_epyc") if n in results]
+    per machine (first_translation.json, then first_translation_<machine>.json for each other machine)."""
+    names = per_machine(results, "first_translation")
     if not names:
         return absent("first_translation")
     return "\n".join(_first_translation(results[n], n) for n in names)

@@ -61,6 +61,63 @@ def _ahead_of_time(model):
     return decoder, fallbacks
 
 
+@torch.no_grad()
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN packing is a CPU build's")
+def test_a_package_packs_its_weights_exactly_where_its_options_say_so_whatever_was_compiled_before(tmp_path):
+    """Inductor sets up its weight-packing patterns once a process and then applies them to every frozen graph:
+    packages compiled one after another, with packing, without, and with again, run oneDNN's packed products in the
+    first and last only, and all three compute the linear layers' outputs."""
+    from torch.export import Dim
+
+    import attnkit.fast.aot as aot_module
+    from attnkit.fast.aot import _Package
+
+    layers = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 16)).eval()
+    x = torch.randn(40, 32)
+    ran = []
+    for i, options in enumerate((aot_module.WIDE_GRAPH, aot_module.GRAPH, aot_module.WIDE_GRAPH)):
+        options = {**options, "cpp.enable_kernel_profile": True}  # the package's calls named to the profiler
+        package = _Package.export(layers, layers.forward, [x], [{0: Dim.AUTO}], tmp_path / f"{i}.pt2", options)
+        with torch.profiler.profile() as prof:
+            (out,) = package.leaves([x])
+        torch.testing.assert_close(out, layers(x), atol=1e-4, rtol=1e-4)
+        ran.append(any("linear_pointwise" in e.key for e in prof.key_averages()))
+    assert ran == [True, False, True]
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_a_wide_search_runs_graphs_of_its_own_whose_layers_are_packed_products(model, monkeypatch):
+    """Where oneDNN's packed products pay (``pack_wide``, forced here), a search that begins with WIDE_SENTENCES
+    sentences or more, and their encoder, run packages compiled with ``WIDE_GRAPH`` (each linear layer a product
+    of its weight packed once), with eager decoding's outputs, and never the fallback. A narrower batch keeps the
+    library's products: sealed, as a server is, it finds no graph of its kind and runs the eager step, compiling
+    nothing."""
+    import attnkit.fast.aot as aot_module
+
+    prepacked = []
+    compile_package = torch._inductor.aoti_compile_and_package
+
+    def recording(program, **kwargs):
+        prepacked.append(kwargs["inductor_configs"]["cpp.weight_prepack"])
+        return compile_package(program, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", recording)
+    fast = compile_step(model, freeze=True, ahead_of_time=True, check=False, pack_wide=True)
+    aot = fast.search_steps()["greedy_step"]
+    aot.fallback = Counting(fast, greedy_step)
+    wide = random_src([2 + i % 6 for i in range(aot_module.WIDE_SENTENCES)], vocab=VOCAB, seed=11)
+    for _ in range(2):  # eagerly while the graphs are made, then through them
+        _same(_decode(fast, wide, 1), _decode(model, wide, 1))
+    assert [key[-1] for key in aot.packages] == ["wide"] and all(aot.packages.values())
+    assert list(fast._aot_encoder.packages) == [True] and fast._aot_encoder.packages[True] is not None
+    assert prepacked == [True, True]  # the encoder's package and the greedy step's
+    fast.seal()
+    _same(_decode(fast, wide[:4], 1), _decode(model, wide[:4], 1))
+    assert len(aot.packages) == 1 and list(fast._aot_encoder.packages) == [True] and len(prepacked) == 2
+    assert aot.fallback.calls == 0
+
+
 @pytest.mark.slow
 @torch.no_grad()
 def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_the_cache(model, tmp_path,
@@ -98,8 +155,10 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
     # constant weight once, and one sentence's greedy graph multiplies its one row unpacked. The first decoder's
     # timing says packing pays; any later one's would say it does not (a close call, which each process's timing
     # may decide either way), and the packages kept decide for them
+    # (the layers' packing for searches of 16 sentences or more, timed on 64 rows, does not pay here: below)
     timings = iter([True] + [False] * 8)
-    monkeypatch.setattr("attnkit.fast.compile._packing_pays", lambda weight: next(timings))
+    monkeypatch.setattr("attnkit.fast.compile._packing_pays",
+                        lambda weights, rows=32: next(timings) if rows == 32 else False)
 
     def decoder():
         return compile_step(model, freeze=True, ahead_of_time=True, check=False, cache=True)

@@ -707,6 +707,8 @@ def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(
     encoding's state."""
     import time
 
+    from attnkit.fast.compile import close_in_norm
+
     class Encoder:  # in place of the AheadOfTimeEncoder: its eager state, after the sleeps that decide the checks
         def __init__(self, inner):
             self.inner, self.packaged = inner, 0
@@ -735,9 +737,34 @@ def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(
     assert sorted(checks) == ["beam_step", "encoder of a batch", "encoder of one sentence", "greedy_step"]
     one, batch = checks["encoder of one sentence"], checks["encoder of a batch"]
     assert one.chosen is one.compiled and batch.chosen is batch.eager
+    assert one.compare is batch.compare is close_in_norm
     packaged = encoder.packaged
     decoder.encode(src[:1]), decoder.encode(src)
     assert encoder.packaged == packaged + 1  # one sentence only
+
+
+def test_an_encoders_outputs_agree_in_norm_so_one_element_rounded_apart_does_not_refuse_it():
+    """An encoder's keys and values rounded to bf16 everywhere, and one element several roundings off, agree with
+    the fp32 ones in relative norm (the element-wise bound of a step's scores refuses them); one sentence's keys
+    lost, every key 5% off, another padding mask or an infinity in another place do not agree."""
+    from attnkit.fast.compile import close_in_norm, same_outputs
+
+    torch.manual_seed(0)
+    tolerance = 4 * torch.finfo(torch.bfloat16).eps
+    keys, mask = torch.randn(64, 4, 20, 32), torch.zeros(64, 20, dtype=torch.bool)
+    keys[3, 1, 7, 5] = 1.0
+    one_off = keys.bfloat16().float()
+    one_off[3, 1, 7, 5] += 0.2
+    assert close_in_norm([one_off, mask], [keys, mask], tolerance)
+    assert not same_outputs([one_off, mask], [keys, mask], tolerance)
+    sentence_lost = keys.clone()
+    sentence_lost[3] = 0.0
+    infinite = keys.clone()
+    infinite[0, 0, 0, 0] = float("-inf")
+    assert close_in_norm([infinite, mask], [infinite.clone(), mask], tolerance)
+    for ours in ([sentence_lost, mask], [keys * 1.05, mask], [keys, mask.logical_not()], [infinite, mask]):
+        assert not close_in_norm(ours, [keys, mask], tolerance)
+    assert not close_in_norm([keys], [keys, mask], tolerance)
 
 
 def test_a_beam_steps_candidates_that_go_on_may_rank_either_way_but_those_that_end_may_not():

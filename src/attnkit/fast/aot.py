@@ -14,7 +14,8 @@ fallback (``compile_step``'s torch.compile graph).
 Each package holds the model's weights as constants of its own: greedy decoding makes one (its first step runs
 the later steps' graph), beam search two (its first step makes the beams), and each one more for searches of one
 sentence, whose first steps run the later steps' graph too, so the two together hold up to five copies of the
-weights beside the model's. A package that runs once a sentence reads its own copy of the weights from memory again
+weights beside the model's (and up to three more where searches of many sentences have graphs of their own:
+:data:`WIDE_GRAPH`). A package that runs once a sentence reads its own copy of the weights from memory again
 every sentence: one sentence at a time, a first step with a package of its own took 388 us against 125 us for a
 later step (medians; the Multi30k model, AMD EPYC Zen 4).
 
@@ -38,6 +39,7 @@ import os
 import sys
 import tempfile
 import warnings
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -51,6 +53,7 @@ from torch.export import Dim
 from torch.utils._sympy.numbers import int_oo
 
 from attnkit.decode.search import BeamStep, Hypothesis, length_normalized, sampled_hypotheses
+from attnkit.fast.compile import register_weight_packing, without_weight_packing
 from attnkit.fast.decoding import GroupedDecoderState
 from attnkit.tokens import BOS, EOS
 
@@ -60,23 +63,27 @@ class AheadOfTimeStep:
     of ``model.step`` as ``step`` (its eager version), called as a search calls it: ``(tokens, state, *tensors,
     t, *flags)``, where the first flag is ``need_weights``.
 
-    The first call of each kind (state type and beams, beam size, a search of one sentence or not, and with
-    ``first_step_apart`` first step or not) runs eagerly and exports and compiles a package from its inputs' shapes;
-    later calls of that kind run the package. Without ``first_step_apart`` (greedy decoding, whose first step is a
-    later step over an empty cache) the first step runs the later steps' package, whose cache length may be 0: one
-    package, and one copy of the weights, fewer. Beam search's first step over a batch makes the beams, a graph of
-    its own; over one sentence it is a later step over the beams made before it (:meth:`_first_of_one`).
-    Sizes stay symbols (a graph made for 4 sentences at cache length 2 serves 64 sentences, or the last one left,
-    and length 30), but for a search that began with one sentence, whose graphs fix every size but the lengths
-    (their products Inductor's own C++ GEMMs: :data:`FIXED_GRAPH`); sizes the graph bounds (the positional table's
-    length) are checked before each call, and the fallback runs outside them. A kind whose
-    lowering fails runs the eager step, with one warning line.
+    The first call of each kind (state type and beams, beam size, a search of one sentence or not, with
+    ``first_step_apart`` first step or not, and with ``pack_wide`` a wide search or not) runs eagerly and exports
+    and compiles a package from its inputs' shapes; later calls of that kind run the package. Without
+    ``first_step_apart`` (greedy decoding, whose first step is a later step over an empty cache) the first step runs
+    the later steps' package, whose cache length may be 0: one package, and one copy of the weights, fewer. Beam
+    search's first step over a batch makes the beams, a graph of its own; over one sentence it is a later step over
+    the beams made before it (:meth:`_first_of_one`). Sizes stay symbols (a graph made for 4 sentences at cache
+    length 2 serves 64 sentences, or the last one left, and length 30), but for a search that began with one
+    sentence, whose graphs fix every size but the lengths (their products Inductor's own C++ GEMMs:
+    :data:`FIXED_GRAPH`); sizes the graph bounds (the positional table's length) are checked before each call, and
+    the fallback runs outside them. A kind whose lowering fails runs the eager step, with one warning line.
     """
 
     def __init__(self, model: nn.Module, step, search_step, fallback, cache: Path | None = None,
-                 first_step_apart: bool = True):
+                 first_step_apart: bool = True, pack_wide: bool = False):
         self.model, self.step, self.search_step, self.fallback = model, step, search_step, fallback
         self.first_step_apart = first_step_apart
+        # a search that begins with WIDE_SENTENCES sentences or more runs graphs of its own, whose linear layers are
+        # oneDNN products of weights packed once (WIDE_GRAPH), where that measured faster on this CPU
+        self.pack_wide = pack_wide
+        self._wide = False
         self.packages: dict[tuple, _Package] = {}
         self.cache = None if cache is None else Path(cache)
         self.loaded = 0  # packages read from the cache rather than compiled
@@ -100,12 +107,13 @@ class AheadOfTimeStep:
         sentences = state.memory.states.size(0)
         if t == 0:
             self._one_sentence = sentences == 1
+            self._wide = self.pack_wide and sentences >= WIDE_SENTENCES
         single = self._one_sentence and sentences == 1
         first = t == 0 and self.first_step_apart
         constants = tuple(tuple(x.size(d) for d in _constant_dims(x)) for x in tensors)
         if first and single:  # one sentence's first step: a later step over its beams (see _first_of_one)
             return self._first_of_one(tokens, state, tensors, constants, args)
-        key = (type(state), state.beams, first, single, *constants)
+        key = (type(state), state.beams, first, single, *constants, *(("wide",) if self._wide else ()))
         flat = [tokens, *state.tensors(), *tensors]
         eager = partial(self.search_step, self.step)
         if key not in self.packages:
@@ -233,8 +241,9 @@ class AheadOfTimeStep:
         return package
 
     def _build(self, key: tuple, flat: list[Tensor], state, single: bool) -> _Package | None:
+        options = WIDE_GRAPH if key[-1] == "wide" else GRAPH
         return _compile_kept(self.cache, Path(self._directory.name), self._name(key), self.search_step.__name__,
-                             partial(_Package.build, self, flat, state, single))
+                             partial(_Package.build, self, flat, state, single, options=options))
 
 
 class AheadOfTimeEncoder:
@@ -245,37 +254,53 @@ class AheadOfTimeEncoder:
 
     The first call with a source of two tokens or more runs eagerly and exports and compiles the package (or loads
     it from ``cache``); batch and source length stay symbols. Calls outside its bounds (the positional table), on
-    another device, or after a lowering that failed run eagerly."""
+    another device, or after a lowering that failed run eagerly. With ``pack_wide``, batches of
+    :data:`WIDE_SENTENCES` sentences or more have a package of their own (:data:`WIDE_GRAPH`), made the same way."""
 
     NAME = "encoder"
 
-    def __init__(self, decoder, cache: Path | None = None):
+    def __init__(self, decoder, cache: Path | None = None, pack_wide: bool = False):
         self.decoder = decoder
         self.cache = None if cache is None else Path(cache)
-        self.package: _Package | None = None
-        self.tried = False
+        self.pack_wide = pack_wide
+        self.packages: dict[bool, _Package | None] = {}  # by wide: a batch of WIDE_SENTENCES or more
         self.loaded = 0
         self.sealed = False  # as AheadOfTimeStep.sealed: without a package, compile nothing
         self._directory = tempfile.TemporaryDirectory(prefix="attnkit-aoti-")
+
+    @property
+    def package(self) -> _Package | None:
+        """The package of one sentence and of the batches that are not wide."""
+        return self.packages.get(False)
+
+    @property
+    def tried(self) -> bool:
+        return False in self.packages
+
+    def wide(self, src: Tensor) -> bool:
+        return self.pack_wide and src.size(0) >= WIDE_SENTENCES
 
     def eager(self, src: Tensor):
         return self.decoder.init_state(self.decoder.encode(src))
 
     def __call__(self, src: Tensor):
-        if self.package is None:
-            if not (self.tried or self.sealed) and src.is_cpu and src.dim() == 2 and src.size(1) > 1:
-                self.tried = True
-                self.package = _load_kept(self.cache, self.NAME, self.NAME)
-                if self.package is not None:
+        wide = self.wide(src)
+        if wide not in self.packages:
+            if not self.sealed and src.is_cpu and src.dim() == 2 and src.size(1) > 1:
+                name = f"{self.NAME}-wide" if wide else self.NAME
+                self.packages[wide] = _load_kept(self.cache, name, self.NAME)
+                if self.packages[wide] is not None:
                     self.loaded += 1
                 else:
-                    build = partial(_Package.export, self.decoder, self.eager, [src], [{0: Dim.AUTO, 1: Dim.AUTO}])
-                    self.package = _compile_kept(self.cache, Path(self._directory.name), self.NAME, self.NAME, build,
-                                                 fallback="encoding eagerly")
+                    build = partial(_Package.export, self.decoder, self.eager, [src], [{0: Dim.AUTO, 1: Dim.AUTO}],
+                                    options=WIDE_GRAPH if wide else GRAPH)
+                    self.packages[wide] = _compile_kept(self.cache, Path(self._directory.name), name, self.NAME,
+                                                        build, fallback="encoding eagerly")
             return self.eager(src)
-        if not self.package.fits([src]):
+        package = self.packages[wide]
+        if package is None or not package.fits([src]):
             return self.eager(src)
-        return self.package.run(_contiguous([src]))
+        return package.run(_contiguous([src]))
 
 
 def _load_kept(cache: Path | None, name: str, what: str) -> _Package | None:
@@ -405,6 +430,16 @@ GRAPH = {"freezing": True, "cpp.weight_prepack": False}
 # Inductor's GEMMs in a one-sentence encoder, whose source length stays a symbol.
 FIXED_GRAPH = {**GRAPH, "cpp.weight_prepack": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # timings not printed
+# Where oneDNN's products of packed weights beat the library's (compile.py's _packing_pays, timed on the model's
+# own linear layers at 64 rows), a search that begins with WIDE_SENTENCES sentences or more, and an encoder of as
+# many, run graphs whose linear layers are those products. On an AMD EPYC Zen 5, whose cores run 512-bit vectors at
+# full width, MKL's fp32 products stay on their AVX2 path (about 107 GFLOP/s on one core at every shape, as on Zen
+# 4) while oneDNN's packed ones reached 185-250 at 64 rows and more; but each packed product also costs some 9 us
+# a call, so that greedy decoding of batches of 4 was half again slower with them. Between, the products of a layer
+# of the Multi30k model broke even at about 15 rows. A batch that shrinks below it as its sentences end keeps the
+# graphs it began with.
+WIDE_GRAPH = {**GRAPH, "cpp.weight_prepack": True}
+WIDE_SENTENCES = 16
 
 
 class _Package:
@@ -416,7 +451,8 @@ class _Package:
         self.runner, self.structure, self.passed, self.bounds = runner, structure, passed, bounds
 
     @classmethod
-    def build(cls, aot: AheadOfTimeStep, flat: list[Tensor], state, single: bool, path: Path) -> _Package:
+    def build(cls, aot: AheadOfTimeStep, flat: list[Tensor], state, single: bool, path: Path,
+              options: dict | None = None) -> _Package:
         """Export and compile ``aot``'s search step for inputs like ``flat`` (tokens, ``state.tensors()``, the
         other tensors) into ``path``; ``single``: for a search of one sentence, every size but the lengths fixed
         (compiled with :data:`FIXED_GRAPH`; one greedy row multiplies by the output projection unpacked:
@@ -435,12 +471,14 @@ class _Package:
         if single:
             for sizes in dynamic:
                 sizes[0] = Dim.STATIC
-        return cls.export(aot.model, search_step, flat, dynamic, path)
+        return cls.export(aot.model, search_step, flat, dynamic, path, options)
 
     @classmethod
-    def export(cls, model: nn.Module, fn, flat: list[Tensor], dynamic: list[dict], path: Path) -> _Package:
+    def export(cls, model: nn.Module, fn, flat: list[Tensor], dynamic: list[dict], path: Path,
+               options: dict | None = None) -> _Package:
         """Export ``fn`` (of ``model``, whose weights become the package's constants) for inputs like ``flat``, with
-        the ``dynamic`` sizes of each, and compile it into ``path`` with Inductor's settings :data:`GRAPH`.
+        the ``dynamic`` sizes of each, and compile it into ``path`` with Inductor's settings ``options`` (default
+        :data:`GRAPH`; :data:`FIXED_GRAPH` where every batch size is fixed).
         ``fn(*flat)`` returns tensors, states that :func:`exportable` accepts, and tuples of them."""
         recorded: dict = {}
 
@@ -469,8 +507,11 @@ class _Package:
                         for x in flat)
         with torch.no_grad(), fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
             program = torch.export.export(Flat(), example, dynamic_shapes=(tuple(dynamic),), strict=False)
-            options = {**(FIXED_GRAPH if fixed else GRAPH), "post_grad_custom_post_pass": _BiasAddAfterProduct()}
-            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
+            options = {**(FIXED_GRAPH if fixed else options or GRAPH),
+                       "post_grad_custom_post_pass": _BiasAddAfterProduct()}
+            register_weight_packing()  # so that each package packs its weights exactly where its options say so
+            with nullcontext() if options["cpp.weight_prepack"] else without_weight_packing():
+                torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
         runner = torch._inductor.aoti_load_package(str(path))
         return cls(runner, recorded["structure"], recorded["passed"], _bounds(program))
 

@@ -31,7 +31,7 @@ from attnkit.models.transformer import Memory
 
 def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
                  ahead_of_time: bool = False, check: bool = True, cache: bool = False,
-                 encoder: bool = True) -> CompiledDecoder:
+                 encoder: bool = True, pack_wide: bool | None = None) -> CompiledDecoder:
     """A decoder of ``model`` (a model of the contract or a :class:`FastDecoder`) whose ``encode``, ``init_state``,
     ``step`` and search steps are compiled with ``torch.compile``, for inference (CPU or GPU). The decoder holds a
     copy of the model, prepared for inference: the model itself is left as it was.
@@ -47,6 +47,10 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
       with its weight packed once (``pack_output``; None: as in the packages ``cache`` keeps, else if that measures
       faster on this machine, on 32 rows), an fp32 weight only: AOTInductor cannot lower the packed product of a
       bf16 one.
+    * ``pack_wide`` (frozen, ahead of time, fp32 weights): searches that begin with 16 sentences or more, and the
+      encoder of as many, run packages whose linear layers are oneDNN products of weights packed once
+      (:data:`attnkit.fast.aot.WIDE_GRAPH`); None: as in the packages ``cache`` keeps, else if that measures
+      faster on this machine, on 64 rows of the model's own layers.
     * ``ahead_of_time``: the search steps are exported and compiled by AOTInductor (:mod:`attnkit.fast.aot`)
       where the decoder's state allows it (the Transformer's grouped state), without the Python that
       torch.compile runs around each call; so are ``encode`` and ``init_state``, as one package (its cache kept
@@ -63,7 +67,7 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
 
     What each of these gains, measured on which machine, is in docs/performance.md.
     """
-    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time, check, cache, encoder)
+    return CompiledDecoder(model, cpp_wrapper, freeze, pack_output, ahead_of_time, check, cache, encoder, pack_wide)
 
 
 def greedy_search_step(step, tokens: Tensor, state, limits: Tensor, t: int, need_weights: bool = False):
@@ -82,7 +86,8 @@ class CompiledDecoder(nn.Module):
     """A :class:`FastDecoder` over a copy of the model, with its functions compiled (:func:`compile_step`)."""
 
     def __init__(self, model, cpp_wrapper: bool = True, freeze: bool = False, pack_output: bool | None = None,
-                 ahead_of_time: bool = False, check: bool = True, cache: bool = False, encoder: bool = True):
+                 ahead_of_time: bool = False, check: bool = True, cache: bool = False, encoder: bool = True,
+                 pack_wide: bool | None = None):
         super().__init__()
         inner = model.model if isinstance(model, FastDecoder) else model
         inner = copy.deepcopy(inner).eval()
@@ -92,20 +97,37 @@ class CompiledDecoder(nn.Module):
         can_pack = freeze and torch.backends.mkldnn.is_available() and device_of(inner).type == "cpu"
         output = getattr(inner, "output", None)
         packs = isinstance(output, nn.Linear) and output.weight.dtype == torch.float32 and can_pack
-        kept: dict[bool, Path] = {}  # the cache directory of the packages with the output projection packed or not
+        layers = [m.weight.detach() for m in inner.modules() if isinstance(m, nn.Linear) and m is not output]
+        packs_layers = ahead_of_time and can_pack and bool(layers) and all(w.dtype == torch.float32 for w in layers)
+        # the cache directory of the packages by (output projection packed, wide searches' layers packed)
+        kept: dict[tuple[bool, bool], Path] = {}
         if ahead_of_time and cache:
             from attnkit.fast.aot import cache_directory
 
-            kept = {choice: cache_directory(inner, freeze=freeze, cpp_wrapper=cpp_wrapper, pack_output=choice)
-                    for choice in ((True, False) if packs else (False,))}
-        if packs and pack_output is None:
+            kept = {(out, wide): cache_directory(inner, freeze=freeze, cpp_wrapper=cpp_wrapper, pack_output=out,
+                                                 pack_wide=wide)
+                    for out in ((True, False) if packs else (False,))
+                    for wide in ((True, False) if packs_layers else (False,))}
+        if (packs and pack_output is None) or (packs_layers and pack_wide is None):
             # packages already kept decide: timed anew, a close call could go the other way in the next process,
             # whose start would then compile everything again
-            pack_output = next((choice for choice, directory in kept.items() if any(directory.glob("*.json"))),
-                               None)
+            chosen = next((choice for choice, directory in kept.items() if any(directory.glob("*.json"))), None)
+            if chosen is not None:
+                pack_output = chosen[0] if pack_output is None else pack_output
+                pack_wide = chosen[1] if pack_wide is None else pack_wide
+        if packs_layers and pack_wide is None:
+            pack_wide = _packing_pays(list({tuple(w.shape): w for w in layers}.values()), rows=64)
+        pack_wide = bool(packs_layers and pack_wide)
+        # the fewest sentences of a search whose graphs are packed products (None: no such graphs), which a server
+        # warms up with
+        self.wide_sentences = None
+        if pack_wide:
+            from attnkit.fast.aot import WIDE_SENTENCES
+
+            self.wide_sentences = WIDE_SENTENCES
         prepack = False
         if isinstance(output, nn.Linear):
-            prepack = packs and (_packing_pays(output.weight.detach()) if pack_output is None else pack_output)
+            prepack = packs and (_packing_pays([output.weight.detach()]) if pack_output is None else pack_output)
             if prepack:
                 _register_fake_weight_packing()
             inner.output = _OutputProjection(output, prepack)
@@ -134,12 +156,13 @@ class CompiledDecoder(nn.Module):
         if ahead_of_time:
             from attnkit.fast.aot import AheadOfTimeEncoder, AheadOfTimeStep
 
-            directory = kept[prepack] if kept else None
+            directory = kept.get((prepack, pack_wide))
             self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name],
-                                                        directory, first_step_apart=fn is beam_search_step)
+                                                        directory, first_step_apart=fn is beam_search_step,
+                                                        pack_wide=pack_wide)
                                   for name, fn in steps.items()}
             if self.decoder.grouped:
-                self._aot_encoder = AheadOfTimeEncoder(self.decoder, directory)
+                self._aot_encoder = AheadOfTimeEncoder(self.decoder, directory, pack_wide)
                 self._prepare = lambda src: self._aot_encoder(src).tensors()
         if check:  # each compiled search step proves itself against the eager one on the first real batches
             # scores may differ by float rounding: a few units of the model's precision (bf16's is 2^-7); at int8 a
@@ -156,10 +179,16 @@ class CompiledDecoder(nn.Module):
                 # for one sentence and lost to it by a few percent for 64 (AMD EPYC Zen 4), so the first requests'
                 # size would otherwise decide for every later one (a server warmed up with a batch would encode
                 # every single sentence eagerly)
-                self._encoders = {one: CheckedStep(f"encoder of {'one sentence' if one else 'a batch'}",
-                                                   self._prepare, lambda src: self._aot_encoder.eager(src).tensors(),
-                                                   tolerance=tolerance) for one in (True, False)}
-                self._prepare = lambda src: self._encoders[src.size(0) == 1](src)
+                # (and a wide batch apart, which has a package of its own)
+                sizes = {"one sentence": "one sentence", "batch": "a batch",
+                         **({"wide": "a batch of 16 sentences or more"} if pack_wide else {})}
+                self._encoders = {size: CheckedStep(f"encoder of {name}", self._prepare,
+                                                    lambda src: self._aot_encoder.eager(src).tensors(),
+                                                    tolerance=tolerance, compare=close_in_norm)
+                                  for size, name in sizes.items()}
+                wide = self.wide_sentences or sys.maxsize
+                self._prepare = lambda src: self._encoders[
+                    "one sentence" if src.size(0) == 1 else "wide" if src.size(0) >= wide else "batch"](src)
         self._encode = compile(self.decoder.encode) if encoder else self.decoder.encode
         self._init_state = compile(self.decoder.init_state) if encoder else self.decoder.init_state
         self.step = compile(eager_step)
@@ -295,9 +324,11 @@ class CheckedStep:
     Compiling is a bet that can lose: on some CPUs the lowering falls back to graphs far slower than eager
     decoding, and nothing else would notice."""
 
-    def __init__(self, name: str, compiled, eager, warmup: int = 4, trials: int = 6, tolerance: float = 1e-3):
+    def __init__(self, name: str, compiled, eager, warmup: int = 4, trials: int = 6, tolerance: float = 1e-3,
+                 compare=None):
         self.name, self.compiled, self.eager = name, compiled, eager
         self.warmup, self.trials, self.tolerance = warmup, trials, tolerance
+        self.compare = same_outputs if compare is None else compare  # (ours, theirs, tolerance) -> agree
         self.calls, self.times, self.chosen, self.reason = 0, ([], []), None, None
 
     def __call__(self, *args):
@@ -317,7 +348,7 @@ class CheckedStep:
         end = time.perf_counter()
         self.times[0].append(middle - start)
         self.times[1].append(end - middle)
-        if not same_outputs(ours, theirs, self.tolerance):
+        if not self.compare(ours, theirs, self.tolerance):
             self._decide("gave other outputs than the eager step")
         elif len(self.times[0]) >= self.trials:
             compiled, eager = (sorted(t)[len(t) // 2] for t in self.times)
@@ -347,6 +378,36 @@ def same_outputs(a, b, tolerance: float) -> bool:
             if not torch.allclose(x.float(), y.float(), rtol=tolerance, atol=tolerance, equal_nan=True):
                 return False
         elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def close_in_norm(a, b, tolerance: float) -> bool:
+    """Whether two encoders' outputs (the keys and values every step attends over) agree: the same structure,
+    integer and boolean tensors equal, and each floating tensor x within ``tolerance`` of y in relative norm,
+    ||x - y|| <= tolerance ||y|| over the finite elements (infinities and NaNs where the other has the same).
+
+    An element-wise bound is the wrong test here: attention reads these tensors as weighted sums over positions,
+    and at bf16 an encoder compiled into fused kernels (fp32 between the operations that eager bf16 rounds after
+    each) differs from eager encoding by a bf16 rounding almost everywhere and by a few in one element of a
+    hundred thousand. On the Multi30k test batches both were 0.7-0.9% from fp32's encoding in norm, the compiled
+    one the closer, while one element of a batch lay outside 4 bf16 epsilons of eager's."""
+    xs, ys = list(_tensors(a)), list(_tensors(b))
+    if len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if not x.is_floating_point():
+            if not torch.equal(x, y):
+                return False
+            continue
+        x, y = x.float(), y.float()
+        finite = torch.isfinite(y)
+        if not torch.equal(finite, torch.isfinite(x)) or not torch.equal(x[~finite].nan_to_num(),
+                                                                          y[~finite].nan_to_num()):
+            return False
+        if torch.linalg.vector_norm(x[finite] - y[finite]) > tolerance * torch.linalg.vector_norm(y[finite]):
             return False
     return True
 
@@ -423,12 +484,13 @@ def _store_column_major(model: nn.Module) -> None:
             module.weight = nn.Parameter(module.weight.detach().t().contiguous().t(), requires_grad=False)
 
 
-def _packing_pays(weight: Tensor, rows: int = 32, repeats: int = 20) -> bool:
-    """Whether oneDNN's packed product ``x @ weight^T`` beats the plain one with ``weight`` [out, in] transposed
-    once, on this machine: the better of five timings of ``repeats`` products of ``rows`` rows each."""
-    x = weight.new_empty(rows, weight.size(1)).normal_()
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-    plain = weight.t().contiguous()
+def _packing_pays(weights: list[Tensor], rows: int = 32, repeats: int = 20) -> bool:
+    """Whether oneDNN's packed products ``x @ weight^T``, one for each of ``weights`` ([out, in]), beat the plain ones
+    with each weight transposed once, on this machine: the better of five timings of ``repeats`` rounds of the
+    products of ``rows`` rows each."""
+    xs = [w.new_empty(rows, w.size(1)).normal_() for w in weights]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
+    plain = [w.t().contiguous() for w in weights]
 
     def best(product) -> float:
         product()  # warm-up
@@ -440,7 +502,15 @@ def _packing_pays(weight: Tensor, rows: int = 32, repeats: int = 20) -> bool:
             times.append(time.perf_counter() - start)
         return min(times)
 
-    return best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")) < best(lambda: x @ plain)
+    def packed_products():
+        for x, w in zip(xs, packed):
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+    def plain_products():
+        for x, w in zip(xs, plain):
+            x @ w
+
+    return best(packed_products) < best(plain_products)
 
 
 def _keep_identities_and_constants(guard_entries) -> list[bool]:
@@ -467,7 +537,64 @@ def _frozen(compiled):
     freezing = inductor_config.patch({"freezing": True, "cpp.weight_prepack": False})
 
     def call(*args, **kwargs):
-        with freezing:
+        with freezing, without_weight_packing():
             return compiled(*args, **kwargs)
 
     return call
+
+
+# the modules whose freezing patterns pack weights for oneDNN (and, for quantized graphs, their int8 weights)
+_PACKING_PATTERNS = ("torch._inductor.fx_passes.mkldnn_fusion", "torch._inductor.fx_passes.quantization")
+_unpacked_passes: dict[int, tuple[list, list]] = {}  # by id of Inductor's list of passes: (that list, the copies)
+
+
+@functools.cache
+def register_weight_packing() -> None:
+    """Register Inductor's oneDNN weight-packing patterns now, as its first freezing with ``cpp.weight_prepack`` on
+    would (see :class:`without_weight_packing`). Inductor sets up its freezing patterns once a process, at the first
+    frozen graph, and registers these only if that graph packs its weights: a process whose first graph did not
+    pack never packed any later one. Registered first, a graph packs its weights if and only if its settings say
+    so (with :class:`without_weight_packing` around those that do not)."""
+    from torch._inductor.fx_passes import mkldnn_fusion
+    from torch._inductor.pattern_matcher import init_once_fakemode
+
+    init = getattr(mkldnn_fusion, "_mkldnn_weight_pack_init", None)
+    if init is not None:
+        init_once_fakemode(lambda: init())()
+
+
+class without_weight_packing:  # noqa: N801 -- a context, used as a function is
+    """Inductor's freezing passes without their oneDNN weight-packing patterns, within the context.
+
+    Inductor registers those patterns the first time it freezes a graph with ``cpp.weight_prepack`` on, and from
+    then on its freezing passes apply them to every frozen graph of the process, whatever that graph's settings
+    (torch 2.13): a graph compiled with ``cpp.weight_prepack`` off after one compiled with it on came out packed,
+    so which products a graph ran depended on what the process had compiled before it. Here the freezing passes
+    run copies of Inductor's pattern passes without those patterns; before they are registered, nothing changes."""
+
+    def __enter__(self):
+        from torch._inductor.fx_passes import freezing_patterns, mkldnn_fusion
+
+        self.original = None
+        init = getattr(mkldnn_fusion, "_mkldnn_weight_pack_init", None)
+        if init is None or init.cache_info().currsize == 0:  # not registered: nothing to leave out
+            return self
+        self.original = passes = freezing_patterns.pass_patterns
+        kept = _unpacked_passes.get(id(passes))
+        if kept is None or kept[0] is not passes:
+            copies = []
+            for matcher in passes:
+                clean = copy.copy(matcher)
+                clean.patterns = type(matcher.patterns)(list, {
+                    key: [e for e in entries if getattr(getattr(e, "handler", None), "__module__", None)
+                          not in _PACKING_PATTERNS] for key, entries in matcher.patterns.items()})
+                copies.append(clean)
+            _unpacked_passes[id(passes)] = kept = (passes, copies)
+        freezing_patterns.pass_patterns = kept[1]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.original is not None:
+            from torch._inductor.fx_passes import freezing_patterns
+
+            freezing_patterns.pass_patterns = self.original

@@ -67,6 +67,9 @@ def warm_up(model) -> list[int]:
     for beam in beams:
         model.translate(["a a"], beam=beam)
         model.translate(["a", "a a a"], beam=beam)
+        # a decoder whose wide batches have graphs of their own (attnkit.fast.aot.WIDE_GRAPH) gets them too
+        if wide := getattr(model.decoder, "wide_sentences", None):
+            model.translate([" ".join(["a"] * (1 + i % 3)) for i in range(wide)], beam=beam)
     if hasattr(model.decoder, "seal"):
         model.decoder.seal()
     return beams
