@@ -15,6 +15,16 @@ int8 >= CTranslate2 int8 in every cell.
 
 from __future__ import annotations
 
+import os
+
+# One thread each means one busy thread each. An OpenMP runtime keeps its threads spinning for a while after each
+# parallel call (Intel's, which CTranslate2 loads: 200 ms), and between turns that spin took from the system that
+# ran next: attnkit's greedy decoding of batches of 64 ran at 0.82-0.84x CTranslate2 float32 right after its turns,
+# 0.97-0.99x with passive waits, which CTranslate2 ran no slower under (AMD EPYC Zen 5, a throwaway timing). Set
+# before an OpenMP runtime loads.
+os.environ.setdefault("KMP_BLOCKTIME", "0")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import sys
 import tempfile
