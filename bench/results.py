@@ -568,6 +568,13 @@ def _decode_precision(r: dict, name: str) -> str:
                      + " |")
     lines.append("| BLEU, beam 5 (test) | " + " | ".join(number(get(systems, n, "beam5/batch64", "bleu"))
                                                      for n in names) + " |")
+    if any(get(systems, n, label, "first_pass_tokens_per_s") is not None for n in names for label in labels):
+        lines += ["", "The same cells in each system's first pass over them, before the turns (one-time costs "
+                  "included: compiling, the compiled steps' checks, kernels made for new shapes):", "",
+                  "| tokens/s, first pass | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for label in labels:
+            lines.append(f"| {label} | " + " | ".join(
+                number(get(systems, n, label, "first_pass_tokens_per_s"), 0) for n in names) + " |")
     eager = " (attnkit_fp32_eager: eagerly, `--no-compile`)" if "attnkit_fp32_eager" in systems else ""
     lines += ["", f"attnkit's precision columns decode {text(get(r, 'metrics', 'attnkit', default='eagerly'))}"
               f"{eager}."]

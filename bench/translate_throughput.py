@@ -102,15 +102,26 @@ def length_sorted_batches(ids: list[list[int]], order: list[int], size: int, dec
 
 
 @torch.no_grad()
-def run(decoders: dict, batches, beam: int, len_penalty: float, rounds: int = 4) -> dict[str, tuple[list, float]]:
+def run(decoders: dict, batches, beam: int, len_penalty: float, rounds: int = 4,
+        first_pass: dict | None = None) -> dict[str, tuple[list, float]]:
     """-> {system: (outputs in batch order, seconds)}. The batches are cut into ``rounds`` runs of consecutive
     batches, and the systems take turns run by run, so a change in the machine's speed falls on all of them
     (one system's throughput moved by up to a third between two runs of this bench), while each system still
     decodes many batches in a row, with its weights in cache, as a user translating a file would (turns at
     every batch made every system slower at batch 1). The first batch is decoded once untimed: one-time costs
-    (compilation, allocator growth, kernel selection, lazy initialisation) are not throughput."""
-    for decode in decoders.values():
+    (compilation, allocator growth, kernel selection, lazy initialisation) are not throughput.
+
+    With ``first_pass`` (a dict), each system first decodes every batch once, one system after another, and the
+    seconds each took go into ``first_pass``: what a process that translates these sentences once waits, one-time
+    costs included (kernels made for each new shape of a oneDNN product, the compiled steps' checks against the
+    eager ones), apart from the throughput the turns then measure."""
+    for name, decode in decoders.items():
         decode(*batches[0], beam, len_penalty)
+        if first_pass is not None:
+            start = time.perf_counter()
+            for src, lens in batches:
+                decode(src, lens, beam, len_penalty)
+            first_pass[name] = time.perf_counter() - start
     outputs = {name: [] for name in decoders}
     seconds = dict.fromkeys(decoders, 0.0)
     cuts = [len(batches) * r // rounds for r in range(rounds + 1)]

@@ -657,7 +657,7 @@ def test_a_compiled_step_faster_and_equal_is_kept():
     for _ in range(20):
         step(torch.tensor([1]), None)
     assert step.chosen is compiled and step.reason is None
-    assert calls["eager"] == 4 and calls["compiled"] == 20  # eager only during the trials
+    assert calls["eager"] == 4 and calls["compiled"] == 24  # eager only during the trials, which time a second call
 
 
 def test_an_int8_models_compiled_steps_are_held_to_int8s_tolerance_not_to_float_rounding(model):
