@@ -107,7 +107,7 @@ class AheadOfTimeStep:
         sentences = state.memory.states.size(0)
         if t == 0:
             self._one_sentence = sentences == 1
-            self._wide = self.pack_wide and sentences >= WIDE_SENTENCES
+            self._wide = is_wide(self.pack_wide, sentences)
         single = self._one_sentence and sentences == 1
         first = t == 0 and self.first_step_apart
         constants = tuple(tuple(x.size(d) for d in _constant_dims(x)) for x in tensors)
@@ -277,14 +277,11 @@ class AheadOfTimeEncoder:
     def tried(self) -> bool:
         return False in self.packages
 
-    def wide(self, src: Tensor) -> bool:
-        return self.pack_wide and src.size(0) >= WIDE_SENTENCES
-
     def eager(self, src: Tensor):
         return self.decoder.init_state(self.decoder.encode(src))
 
     def __call__(self, src: Tensor):
-        wide = self.wide(src)
+        wide = is_wide(self.pack_wide, src.size(0))
         if wide not in self.packages:
             if not self.sealed and src.is_cpu and src.dim() == 2 and src.size(1) > 1:
                 name = f"{self.NAME}-wide" if wide else self.NAME
@@ -440,6 +437,11 @@ FIXED_GRAPH = {**GRAPH, "cpp.weight_prepack": True, "max_autotune": True, "max_a
 # graphs it began with.
 WIDE_GRAPH = {**GRAPH, "cpp.weight_prepack": True}
 WIDE_SENTENCES = 16
+
+
+def is_wide(pack_wide: bool, sentences: int) -> bool:
+    """Whether a search, or an encoder, of ``sentences`` runs the graphs of :data:`WIDE_GRAPH`."""
+    return pack_wide and sentences >= WIDE_SENTENCES
 
 
 class _Package:

@@ -154,7 +154,7 @@ class CompiledDecoder(nn.Module):
         self._prepare = None  # src -> the state's tensors: the encoder and init_state as one package
         self._encoders: dict[bool, CheckedStep] = {}  # the encoder's package, checked for one sentence (True) or more
         if ahead_of_time:
-            from attnkit.fast.aot import AheadOfTimeEncoder, AheadOfTimeStep
+            from attnkit.fast.aot import WIDE_SENTENCES, AheadOfTimeEncoder, AheadOfTimeStep, is_wide
 
             directory = kept.get((prepack, pack_wide))
             self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name],
@@ -181,14 +181,13 @@ class CompiledDecoder(nn.Module):
                 # every single sentence eagerly)
                 # (and a wide batch apart, which has a package of its own)
                 sizes = {"one sentence": "one sentence", "batch": "a batch",
-                         **({"wide": "a batch of 16 sentences or more"} if pack_wide else {})}
+                         **({"wide": f"a batch of {WIDE_SENTENCES} sentences or more"} if pack_wide else {})}
                 self._encoders = {size: CheckedStep(f"encoder of {name}", self._prepare,
                                                     lambda src: self._aot_encoder.eager(src).tensors(),
                                                     tolerance=tolerance, compare=close_in_norm)
                                   for size, name in sizes.items()}
-                wide = self.wide_sentences or sys.maxsize
                 self._prepare = lambda src: self._encoders[
-                    "one sentence" if src.size(0) == 1 else "wide" if src.size(0) >= wide else "batch"](src)
+                    "one sentence" if src.size(0) == 1 else "wide" if is_wide(pack_wide, src.size(0)) else "batch"](src)
         self._encode = compile(self.decoder.encode) if encoder else self.decoder.encode
         self._init_state = compile(self.decoder.init_state) if encoder else self.decoder.init_state
         self.step = compile(eager_step)
@@ -375,18 +374,8 @@ def same_outputs(a, b, tolerance: float) -> bool:
     """Whether two steps' outputs agree in what the search reads of them (:func:`_as_read`): the same structure,
     integer and boolean tensors equal, floating ones within ``tolerance`` (relative and absolute; infinities where
     the other has the same)."""
-    xs, ys = list(_tensors(_as_read(a))), list(_tensors(_as_read(b)))
-    if len(xs) != len(ys):
-        return False
-    for x, y in zip(xs, ys):
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return False
-        if x.is_floating_point():
-            if not torch.allclose(x.float(), y.float(), rtol=tolerance, atol=tolerance, equal_nan=True):
-                return False
-        elif not torch.equal(x, y):
-            return False
-    return True
+    return _agree(_as_read(a), _as_read(b), lambda x, y: torch.allclose(x, y, rtol=tolerance, atol=tolerance,
+                                                                        equal_nan=True))
 
 
 def close_in_norm(a, b, tolerance: float) -> bool:
@@ -399,22 +388,26 @@ def close_in_norm(a, b, tolerance: float) -> bool:
     each) differs from eager encoding by a bf16 rounding almost everywhere and by a few in one element of a
     hundred thousand. On the Multi30k test batches both were 0.7-0.9% from fp32's encoding in norm, the compiled
     one the closer, while one element of a batch lay outside 4 bf16 epsilons of eager's."""
+
+    def close(x: Tensor, y: Tensor) -> bool:
+        finite = torch.isfinite(y)
+        if not torch.equal(finite, torch.isfinite(x)) or not torch.equal(x[~finite].nan_to_num(),
+                                                                          y[~finite].nan_to_num()):
+            return False
+        return bool(torch.linalg.vector_norm(x[finite] - y[finite]) <= tolerance * torch.linalg.vector_norm(y[finite]))
+
+    return _agree(a, b, close)
+
+
+def _agree(a, b, close) -> bool:
+    """The same structure of tensors, integer and boolean ones equal, floating ones ``close(x, y)`` (as fp32)."""
     xs, ys = list(_tensors(a)), list(_tensors(b))
     if len(xs) != len(ys):
         return False
     for x, y in zip(xs, ys):
         if x.shape != y.shape or x.dtype != y.dtype:
             return False
-        if not x.is_floating_point():
-            if not torch.equal(x, y):
-                return False
-            continue
-        x, y = x.float(), y.float()
-        finite = torch.isfinite(y)
-        if not torch.equal(finite, torch.isfinite(x)) or not torch.equal(x[~finite].nan_to_num(),
-                                                                          y[~finite].nan_to_num()):
-            return False
-        if torch.linalg.vector_norm(x[finite] - y[finite]) > tolerance * torch.linalg.vector_norm(y[finite]):
+        if not (close(x.float(), y.float()) if x.is_floating_point() else torch.equal(x, y)):
             return False
     return True
 
