@@ -34,14 +34,16 @@ STAMP  := $(VENV)/.installed
 # (its default decay made a Multi30k training step 1.24x slower). By default jemalloc splits a kept free extent
 # only for a request at least 1/64 of its size, and a bf16 training process grew by megabytes a step; allowed down
 # to 1/1024 (lg_extent_max_active_fit) it stays flat, and steps run as fast in fp32 and bf16 (docs/performance.md).
-# Without jemalloc attnkit's CLI sets glibc the same way (attnkit.fast.memory).
+# The attnkit command line starts itself again under jemalloc with these settings where the system has it
+# (attnkit.allocator); $(RUN) preloads it for what runs Python directly (the tests, the benches). Without jemalloc
+# the command line sets glibc's malloc the same way (attnkit.fast.memory).
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) \
 	MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1$(,)lg_extent_max_active_fit:10)
 
-.PHONY: serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
+.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | jemalloc
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet torch==2.13.0
@@ -62,7 +64,7 @@ serve: $(STAMP)
 
 # two pytest workers (one torch thread each), the longest tests taken first as workers free up; the wheel check
 # (make wheel-check) is one of those tests, so that its install overlaps the others rather than coming first
-test: $(STAMP) browser java
+test: $(STAMP) browser java jemalloc
 	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal
 
 # the README's pictures of the explorer (docs/figures/explorer_*.png) from the recipes' trained models: those of
@@ -89,6 +91,17 @@ browser:
 
 # the COCO caption evaluation (pycocoevalcap's PTB tokenizer and METEOR, in tests/test_metrics.py and make flickr8k)
 # runs on Java; without `java` after this target those tests are skipped, not failed
+# Debian's libjemalloc2 (apt-get, only when missing): the allocator attnkit's command line starts again under
+# (attnkit.allocator), and the one $(RUN) preloads; without it both keep glibc's malloc
+jemalloc:
+	@if /sbin/ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2 '; then exit 0; fi; \
+	if ! command -v apt-get > /dev/null; then echo "make jemalloc: no apt-get: install jemalloc yourself \
+	(attnkit then runs on the C library's malloc)"; exit 0; fi; \
+	echo "make jemalloc: installing libjemalloc2 with apt-get"; \
+	$(APT) install -y -q libjemalloc2 > /dev/null 2>&1 \
+		|| { $(APT) update -q > /dev/null && $(APT) install -y -q libjemalloc2 > /dev/null; } \
+		|| echo "make jemalloc: apt-get could not install libjemalloc2 (attnkit then runs on the C library's malloc)"
+
 java:
 	@if command -v java > /dev/null; then exit 0; fi; \
 	if ! command -v apt-get > /dev/null; then echo "make java: no apt-get: install a Java runtime yourself \

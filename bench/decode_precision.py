@@ -27,6 +27,13 @@ import os
 os.environ.setdefault("KMP_BLOCKTIME", "0")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# the allocator the attnkit command line runs on (jemalloc where the system has it: attnkit.allocator), chosen as the
+# process starts, before torch is imported
+if __name__ == "__main__":
+    from attnkit.allocator import relaunch_under_jemalloc
+
+    relaunch_under_jemalloc()
+
 import argparse
 import sys
 import tempfile

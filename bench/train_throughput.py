@@ -27,6 +27,13 @@ instructions), and ``metrics.recipe_fraction_of_matmul_peak`` that system's frac
 
 from __future__ import annotations
 
+# the allocator the attnkit command line trains on (jemalloc where the system has it: attnkit.allocator), chosen as
+# the process starts, before torch is imported
+if __name__ == "__main__":
+    from attnkit.allocator import relaunch_under_jemalloc
+
+    relaunch_under_jemalloc()
+
 import argparse
 import copy
 import shutil

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from attnkit import __version__, registry
 from attnkit.errors import AttnkitError
-from attnkit.fast.memory import keep_freed_memory
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -1059,7 +1058,19 @@ def _add_threads_option(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; ``argv`` None: this process's own, which first starts again under jemalloc where the system
+    has it (attnkit.allocator), before torch is imported."""
+    if argv is None:
+        from attnkit.allocator import AllocatorError, relaunch_under_jemalloc
+
+        try:
+            relaunch_under_jemalloc()
+        except AllocatorError as e:
+            print(f"attnkit: error: {e}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
+    from attnkit.fast.memory import keep_freed_memory
+
     keep_freed_memory()
     try:
         if getattr(args, "threads", None) is not None and args.threads < 1:

@@ -86,9 +86,11 @@ def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
 
 
 def write_results(path: str | Path, name: str, command: str, metrics: dict, **extra) -> Path:
+    from attnkit import allocator
+
     v = versions()
     record = {"name": name, "metrics": metrics, **extra, "command": command, "git_commit": git_commit(),
-              "torch": v["torch"], "versions": v, "machine": machine(),
+              "torch": v["torch"], "versions": v, "machine": machine(), "allocator": allocator.current(),
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
