@@ -711,17 +711,17 @@ def _first_translation(r: dict, name: str) -> str:
 
 def block_serving(results: dict) -> str:
     """``attnkit serve`` under load (batching against one request at a time and offline decoding) and soaked in
-    faults."""
+    faults, each machine's results file in turn."""
     lines = []
-    r = results.get("serve_load")
-    if r is None:
-        lines.append(absent("serve_load"))
-    else:
+    if not per_machine(results, "serve_load"):
+        lines += [absent("serve_load"), ""]
+    for name in per_machine(results, "serve_load"):
+        r = results[name]
         m, s = r.get("metrics", {}), r.get("setup", {})
         tput, lat = m.get("throughput_sentences_per_s", {}), get(m, "latency_ms", "concurrent", default={})
         compiled = {True: "compiled decoding in the server and offline", False: "eager decoding in the server "
                     "and offline"}.get(s.get("compiled"), "eager decoding (compilation not recorded)")
-        lines += [_ran(r, "serve_load", f"{number(s.get('threads'), 0)} torch thread, {compiled}; checkpoint "
+        lines += [_ran(r, name, f"{number(s.get('threads'), 0)} torch thread, {compiled}; checkpoint "
                        f"`{text(s.get('checkpoint'))}`") + f": {number(s.get('clients'), 0)} clients with one "
                   f"Multi30k sentence each got {number(tput.get('concurrent'), 1)} sentences/s, "
                   f"{number(get(m, 'ratios', 'over_sequential'), 1)}x the {number(tput.get('sequential'), 1)}/s of "
@@ -732,15 +732,15 @@ def block_serving(results: dict) -> str:
                   f"{number(get(m, 'met', 'identical_outputs'))}. Latency p50/p95/p99 {number(lat.get('p50'), 0)}/"
                   f"{number(lat.get('p95'), 0)}/{number(lat.get('p99'), 0)} ms; the server's resident memory grew "
                   f"{number(get(m, 'server_rss_mib', 'growth'), 1)} MiB under the load.", ""]
-    r = results.get("serve_soak")
-    if r is None:
+    if not per_machine(results, "serve_soak"):
         lines.append(absent("serve_soak"))
-    else:
+    for name in per_machine(results, "serve_soak"):
+        r = results[name]
         m, s = r.get("metrics", {}), r.get("setup", {})
         rss, met = m.get("server_rss_mib", {}), m.get("met", {})
         server = re.sub(r"/\S*/(runs/)", r"\1", s.get("server") or "")  # this machine's absolute paths, relative
         lines.append(
-            _ran(r, "serve_soak", f"server `{text(server)}`") + ": "
+            _ran(r, name, f"server `{text(server)}`") + ": "
             f"{number(s.get('clients'), 0)} clients for {number(s.get('duration_s'), 0)} s, "
             f"{number(m.get('answers'), 0)} answers ({number(m.get('answers_200'), 0)} of them 200, "
             f"{number(get(m, 'queue_full', 'total'), 0)} answered 429 while the queue was full, "
@@ -752,7 +752,8 @@ def block_serving(results: dict) -> str:
             f"{number(met.get('slots_released'))}. Resident memory {number(rss.get('started'), 0)} MiB at the "
             f"start, at most {number(rss.get('max'), 0)}, {number(rss.get('growth_second_half'), 1)} MiB of growth "
             f"over the second half (bound {number(rss.get('bound_second_half'), 0)}).")
-    return "\n".join(lines) + "\n"
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _times(value, digits: int = 2) -> str:
