@@ -96,7 +96,8 @@ def _ran(r: dict, name: str, extra: str = "") -> str:
     threads = r.get("threads")
     threads = f", {number(threads, 0)} thread{'' if threads == 1 else 's'}" if threads is not None else ""
     # recorded since the benches start under jemalloc as the command line does (attnkit.allocator)
-    alloc = {"jemalloc": ", under jemalloc", "system": ", under the C library's malloc"}.get(r.get("allocator"), "")
+    alloc = {"jemalloc": ", under jemalloc", "system": ", the bench's process under the C library's malloc"}.get(
+        r.get("allocator"), "")
     return (f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}{threads}"
             f"{alloc}{'; ' + extra if extra else ''}; {link(name, '../bench/results/')})")
 

@@ -86,11 +86,14 @@ def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
 
 
 def write_results(path: str | Path, name: str, command: str, metrics: dict, **extra) -> Path:
+    """Write a bench's results JSON atomically, with what it ran on: the command, the commit, the versions, the
+    machine and the allocator (this process's, or ``allocator=`` where the bench timed other processes)."""
     from attnkit import allocator
 
     v = versions()
+    ran_on = extra.pop("allocator", None) or allocator.current()
     record = {"name": name, "metrics": metrics, **extra, "command": command, "git_commit": git_commit(),
-              "torch": v["torch"], "versions": v, "machine": machine(), "allocator": allocator.current(),
+              "torch": v["torch"], "versions": v, "machine": machine(), "allocator": ran_on,
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
