@@ -12,14 +12,13 @@ import pytest
 
 from attnkit import allocator
 from attnkit.allocator import JEMALLOC_CONF, AllocatorError, relaunch_environment
-
 from test_cli import LineReader, attnkit_cmd
 
 # the environment of a process started by hand, not by the Makefile (which preloads jemalloc itself)
 PLAIN = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF", "ATTNKIT_ALLOCATOR",
                                                           "ATTNKIT_ALLOCATOR_RELAUNCHED")}
 needs_jemalloc = pytest.mark.skipif(allocator.find_jemalloc() is None,
-                                    reason="no jemalloc library on this system (Debian: libjemalloc2, make installs it)")
+                                    reason="no jemalloc on this system (Debian: libjemalloc2, which make installs)")
 
 
 def test_the_environment_started_again_preloads_jemalloc_with_attnkits_settings_once():
