@@ -31,6 +31,13 @@ outputs identical to offline, no errors but designed 429s, memory growth bounded
 
 from __future__ import annotations
 
+# the allocator the server and offline decoding run on: the attnkit command line's (jemalloc where the system has it,
+# attnkit.allocator), chosen as this process starts, before torch is imported; the commands it starts inherit it
+if __name__ == "__main__":
+    from attnkit.allocator import relaunch_under_jemalloc
+
+    relaunch_under_jemalloc()
+
 import argparse
 import asyncio
 import json

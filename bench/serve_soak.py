@@ -32,6 +32,13 @@ server must return to zero requests in flight (every slot released, the delibera
 
 from __future__ import annotations
 
+# the allocator the server runs on: the attnkit command line's (jemalloc where the system has it,
+# attnkit.allocator), chosen as this process starts, before torch is imported; the commands it starts inherit it
+if __name__ == "__main__":
+    from attnkit.allocator import relaunch_under_jemalloc
+
+    relaunch_under_jemalloc()
+
 import argparse
 import asyncio
 import json
