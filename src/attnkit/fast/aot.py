@@ -48,7 +48,6 @@ import torch
 import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 from torch._guards import detect_fake_mode
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.export import Dim
 from torch.utils._sympy.numbers import int_oo
 
@@ -368,7 +367,15 @@ def cache_directory(model: nn.Module, **options) -> Path:
 def _source_digest() -> str:
     """A digest of attnkit's Python source: a graph traces the models' code as well as the search's."""
     root = Path(__file__).resolve().parents[1]
-    return get_hash_for_files(tuple(sorted(str(p) for p in root.rglob("*.py")))).hex()
+    return _files_digest(sorted(root.rglob("*.py")))
+
+
+def _files_digest(paths) -> str:
+    """SHA-256 over the files' names and bytes."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path).encode() + b"\0" + Path(path).read_bytes())
+    return digest.hexdigest()
 
 
 def _type_name(kind: type) -> str:
@@ -445,12 +452,12 @@ def is_wide(pack_wide: bool, sentences: int) -> bool:
 
 
 class _Package:
-    """One exported and compiled search step: its runner, how to build the step's result from the flat outputs
-    (inputs that come back unchanged are taken from the inputs, not copied through the graph), and the bounds
-    of its inputs' sizes: [(input, dim, lowest, highest)]."""
+    """One exported and compiled search step: its loader (which runs it on a flat list of tensors), how to build
+    the step's result from the flat outputs (inputs that come back unchanged are taken from the inputs, not copied
+    through the graph), and the bounds of its inputs' sizes: [(input, dim, lowest, highest)]."""
 
-    def __init__(self, runner, structure, passed: list[int | None], bounds: list[tuple[int, int, int, int]]):
-        self.runner, self.structure, self.passed, self.bounds = runner, structure, passed, bounds
+    def __init__(self, loader, structure, passed: list[int | None], bounds: list[tuple[int, int, int, int]]):
+        self.loader, self.structure, self.passed, self.bounds = loader, structure, passed, bounds
 
     @classmethod
     def build(cls, aot: AheadOfTimeStep, flat: list[Tensor], state, single: bool, path: Path,
@@ -510,12 +517,11 @@ class _Package:
         with torch.no_grad(), fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
             program = torch.export.export(Flat(), example, dynamic_shapes=(tuple(dynamic),), strict=False)
             options = {**(FIXED_GRAPH if fixed else options or GRAPH),
-                       "post_grad_custom_post_pass": _BiasAddAfterProduct()}
+                       "post_grad_custom_post_pass": _bias_add_after_product()}
             register_weight_packing()  # so that each package packs its weights exactly where its options say so
             with nullcontext() if options["cpp.weight_prepack"] else without_weight_packing():
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options)
-        runner = torch._inductor.aoti_load_package(str(path))
-        return cls(runner, recorded["structure"], recorded["passed"], _bounds(program))
+        return cls(_loader(path), recorded["structure"], recorded["passed"], _bounds(program))
 
     def save(self, built: Path, path: Path) -> None:
         """Keep the package compiled at ``built`` as ``path``, with its record beside it (``path`` with .json): the
@@ -538,42 +544,55 @@ class _Package:
         bounds = [tuple(int(v) for v in b) for b in record["bounds"]]
         passed = [None if i is None else int(i) for i in record["passed"]]
         structure = _decode(record["structure"])
-        return cls(torch._inductor.aoti_load_package(str(path)), structure, passed, bounds)
+        return cls(_loader(path), structure, passed, bounds)
 
     def fits(self, flat: list[Tensor]) -> bool:
         return all(low <= flat[i].size(d) <= high for i, d, low, high in self.bounds)
 
     def leaves(self, flat: list[Tensor]) -> list[Tensor]:
         """The step's result for inputs ``flat`` as its tensors, in :func:`_flatten`'s order."""
-        outputs = iter(self.runner.loader.run(flat))
+        outputs = iter(self.loader.run(flat))
         return [next(outputs) if i is None else flat[i] for i in self.passed]
 
     def run(self, flat: list[Tensor]):
         return _unflatten(self.structure, iter(self.leaves(flat)))
 
 
-class _BiasAddAfterProduct(CustomGraphPass):
-    """``addmm(bias, x, w)`` -> ``mm(x, w) + bias``: Inductor then adds the bias in the pointwise kernel that
-    reads the product next (the residual's add and layer norm, the ReLU), where the library's addmm first copies
-    the bias into its output, a copy and an expand per linear layer (~6 us a call at 40 rows; torch.profiler).
-    Inductor does this on GPUs only."""
+def _bias_add_after_product():
+    """Inductor's custom pass ``addmm(bias, x, w)`` -> ``mm(x, w) + bias``: Inductor then adds the bias in the
+    pointwise kernel that reads the product next (the residual's add and layer norm, the ReLU), where the library's
+    addmm first copies the bias into its output, a copy and an expand per linear layer (~6 us a call at 40 rows;
+    torch.profiler). Inductor does this on GPUs only. Made when a package is compiled: importing Inductor took
+    0.7 s of a start that only loads packages (AMD EPYC Zen 5)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.addmm.default)):
-            if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
-                continue
-            bias, x, w = node.args
-            with graph.inserting_before(node):
-                product = graph.call_function(torch.ops.aten.mm.default, (x, w))
-                total = graph.call_function(torch.ops.aten.add.Tensor, (product, bias))
-            with detect_fake_mode([x.meta["val"]]):
-                product.meta["val"] = torch.ops.aten.mm(x.meta["val"], w.meta["val"])
-                total.meta["val"] = product.meta["val"] + bias.meta["val"]
-            node.replace_all_uses_with(total)
-            graph.erase_node(node)
+    class BiasAddAfterProduct(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.addmm.default)):
+                if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+                    continue
+                bias, x, w = node.args
+                with graph.inserting_before(node):
+                    product = graph.call_function(torch.ops.aten.mm.default, (x, w))
+                    total = graph.call_function(torch.ops.aten.add.Tensor, (product, bias))
+                with detect_fake_mode([x.meta["val"]]):
+                    product.meta["val"] = torch.ops.aten.mm(x.meta["val"], w.meta["val"])
+                    total.meta["val"] = product.meta["val"] + bias.meta["val"]
+                node.replace_all_uses_with(total)
+                graph.erase_node(node)
 
-    def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,))
+        def uuid(self) -> bytes:
+            return bytes.fromhex(_files_digest([__file__]))
+
+    return BiasAddAfterProduct()
+
+
+def _loader(path: Path):
+    """The compiled package at ``path``, loaded by PyTorch's C++ loader (AOTInductor's runtime): a package takes
+    milliseconds to load this way, where ``torch._inductor.aoti_load_package`` first imports Inductor (0.9 s of a
+    start, AMD EPYC Zen 5) to compare the machine with the one the package was compiled on, which the cache's
+    directory (:func:`cache_directory`: the CPU's flags, torch's version) already keys."""
+    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
 
 
 def _bounds(program) -> list[tuple[int, int, int, int]]:
