@@ -12,7 +12,7 @@ import pytest
 
 from attnkit import allocator
 from attnkit.allocator import JEMALLOC_CONF, AllocatorError, relaunch_environment
-from test_cli import LineReader, attnkit_cmd
+from test_cli import LineReader, attnkit_cmd, end
 
 # the environment of a process started by hand, not by the Makefile (which preloads jemalloc itself)
 PLAIN = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF", "ATTNKIT_ALLOCATOR",
@@ -100,8 +100,4 @@ def test_the_command_line_translates_under_jemalloc_with_its_own_pid(trained_che
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        end(proc)

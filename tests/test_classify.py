@@ -191,7 +191,7 @@ def test_classify_a_glue_test_file_with_its_index_column(classifier_run, data_di
 
 def test_classify_streams_through_a_pipe(classifier_run):
     """A line written to stdin comes back classified while stdin is still open."""
-    from test_cli import LineReader
+    from test_cli import LineReader, end
 
     texts = ["a gorgeous , witty film", "a tedious , joyless mess"]
     want = expected(classifier_run, texts)
@@ -209,11 +209,7 @@ def test_classify_streams_through_a_pipe(classifier_run):
         assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
         check_lines(lines, want)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        end(proc)
 
 
 # --- attnkit evaluate --data

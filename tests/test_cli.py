@@ -38,6 +38,16 @@ def test_version_prints_the_package_version():
 
 # --- streaming translation
 
+def end(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` if it still runs (a test that failed midway), and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 class LineReader:
     """Reads lines from a pipe with a timeout (no blocking readline that could hang the test)."""
 
@@ -83,11 +93,7 @@ def test_translate_streams_line_by_line_through_a_pipe(trained_checkpoint, tmp_p
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        end(proc)
 
 
 def test_translate_invalid_utf8_on_stdin_is_a_one_line_error(trained_checkpoint):
