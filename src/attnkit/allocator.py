@@ -6,8 +6,8 @@ shapes that change as batches and lengths change. Under glibc's malloc such a pr
 process that decoded the Multi30k test set at batch 1 and 64, greedily and with beam 5, attnkit's compiled fp32
 beam search of one sentence at a time ran at 0.82x CTranslate2's, against 0.97-1.00x when it ran alone beside
 CTranslate2, and a profile of it spent a tenth of its time in glibc's ``malloc``, ``free`` and
-``malloc_consolidate`` (AMD EPYC Zen 5). Run under jemalloc, the same bench had attnkit at 1.00-1.18x CTranslate2
-float32 in every cell (docs/performance.md). jemalloc is kept told never to hand freed pages back
+``malloc_consolidate`` (AMD EPYC Zen 5). Run under jemalloc, the same bench had attnkit's fp32 at 0.996-1.16x
+CTranslate2 float32 across its four cells (docs/performance.md). jemalloc is kept told never to hand freed pages back
 (:data:`JEMALLOC_CONF`, the Makefile's setting): its default decay made a training step slower.
 
 A C library's allocator is chosen when a process starts (``LD_PRELOAD``), so the ``attnkit`` command line (and the
