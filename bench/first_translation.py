@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnkit.allocator import command_line_allocator
+from attnkit.allocator import command_line_allocator, find_jemalloc
 from attnkit.checkpoint import read_config, resolve_checkpoint
 from attnkit.data import load_split
 from attnkit.evaluate.results import write_results
@@ -83,7 +83,8 @@ def main() -> int:
                           f"--threads {args.threads}",
                   metrics=metrics, seconds=runs, source=source,
                   checkpoint=os.path.relpath(checkpoint, ROOT) if checkpoint.is_relative_to(ROOT) else str(checkpoint),
-                  threads=args.threads, allocator=command_line_allocator(env))  # the timed commands' own
+                  # the allocator of the timed commands, not of this process
+                  threads=args.threads, allocator=command_line_allocator(env, find_jemalloc()))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

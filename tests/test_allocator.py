@@ -44,10 +44,10 @@ def test_the_process_goes_on_as_it_is_where_jemalloc_runs_it_or_cannot_or_should
 
 def test_a_command_line_runs_on_jemalloc_where_preloaded_or_started_again_under_it():
     assert allocator.command_line_allocator({}, "libjemalloc.so.2") == "jemalloc"
-    assert allocator.command_line_allocator({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, "") == "jemalloc"
+    assert allocator.command_line_allocator({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, None) == "jemalloc"
     assert allocator.command_line_allocator({"ATTNKIT_ALLOCATOR": "system"}, "libjemalloc.so.2") == "system"
     assert allocator.command_line_allocator({"LD_PRELOAD": "libtcmalloc.so.4"}, "libjemalloc.so.2") == "system"
-    assert allocator.command_line_allocator({}, "") == "system"  # no jemalloc on the system
+    assert allocator.command_line_allocator({}, None) == "system"  # no jemalloc on the system
 
 
 def test_an_unknown_allocator_is_refused_by_name():

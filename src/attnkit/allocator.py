@@ -80,7 +80,7 @@ def relaunch_environment(environ: Mapping[str, str], library: str | None, under_
     go on as it is: jemalloc already runs it, none was found, ``ATTNKIT_ALLOCATOR=system``, the user preloads an
     allocator of their own (tcmalloc, mimalloc), or it was started again once already. ``MALLOC_CONF`` set by the
     user is kept."""
-    if choice(environ) != "jemalloc" or under_jemalloc or not library or environ.get(_RELAUNCHED) \
+    if choice(environ) != "jemalloc" or under_jemalloc or library is None or environ.get(_RELAUNCHED) \
             or "malloc" in environ.get("LD_PRELOAD", ""):
         return None
     preload = " ".join(filter(None, (library, environ.get("LD_PRELOAD", ""))))
@@ -88,12 +88,12 @@ def relaunch_environment(environ: Mapping[str, str], library: str | None, under_
             _RELAUNCHED: "1"}
 
 
-def command_line_allocator(environ: Mapping[str, str], library: str | None = None) -> str:
-    """The allocator an ``attnkit`` command started with ``environ`` runs on: "jemalloc" where it is preloaded or
-    the command starts again under ``library`` (default: :func:`find_jemalloc`'s), else "system"."""
+def command_line_allocator(environ: Mapping[str, str], library: str | None) -> str:
+    """The allocator an ``attnkit`` command started with ``environ`` runs on, where the system's jemalloc library is
+    ``library`` (:func:`find_jemalloc`; None: none): "jemalloc" where it is preloaded or the command starts again
+    under it, else "system"."""
     if "jemalloc" in environ.get("LD_PRELOAD", ""):
         return "jemalloc"
-    library = find_jemalloc() if library is None else library
     return "system" if relaunch_environment(environ, library, under_jemalloc=False) is None else "jemalloc"
 
 
