@@ -64,6 +64,42 @@ def test_the_int8_product_equals_its_reference(rows, bias):
     torch.testing.assert_close(q.weight, q.q_weight_t.t().float() * q.w_scale[:, None])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [1, 5])
+@torch.no_grad()
+def test_the_int8_product_in_a_fixed_graph_equals_the_eager_one(tmp_path, rows):
+    """In a graph whose sizes are all fixed (a search of one sentence), :class:`Int8Linear` is oneDNN's quantized
+    linear over unsigned activations with zero point 128, which Inductor lowers to its own VNNI GEMM: the integer
+    sums are the same, so the layers give what ``torch._int_mm`` gives eagerly, bias or not, at widths that are not
+    multiples of the GEMM's blocks."""
+    from torch.export import Dim
+
+    from attnkit.fast.aot import FIXED_GRAPH, _Package
+
+    if not runs_here("int8"):
+        pytest.skip(f"this CPU has none of {NEEDS['int8']}")
+    torch.manual_seed(rows)
+    layers = at_precision(nn.Sequential(nn.Linear(96, 200), nn.ReLU(), nn.Linear(200, 72, bias=False)).eval(), "int8")
+    x = torch.randn(rows, 96)
+    traced = []
+    product = Int8Linear._product_in_graph
+
+    def spy(self, rows_):
+        traced.append(tuple(rows_.shape))
+        return product(self, rows_)
+
+    Int8Linear._product_in_graph = spy
+    try:
+        package = _Package.export(layers, layers, [x], [{0: Dim.STATIC, 1: Dim.STATIC}], tmp_path / "int8.pt2",
+                                  FIXED_GRAPH)
+    finally:
+        Int8Linear._product_in_graph = product
+    assert traced == [(rows, 96), (rows, 200)]  # both layers traced as the in-graph product
+    for _ in range(3):
+        x = torch.randn(rows, 96) * 3
+        torch.testing.assert_close(package.run([x]), layers(x), rtol=1e-6, atol=1e-6)
+
+
 def test_one_row_multiplies_by_the_other_layout_to_the_same_bits():
     """A single row reads the weight as [out, in] (oneDNN's matrix-vector product), more rows as [in, out]: the int32
     products are exact either way, so each row's output is the one it gets among many."""
@@ -145,6 +181,13 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(mo
     step = compiled.search_steps()["greedy_step"]
     # one graph: its first step runs the later steps' graph over the empty cache
     assert isinstance(step, AheadOfTimeStep) and len(step.packages) == 1 and all(step.packages.values())
+    # one sentence at a time: graphs whose sizes are all fixed (int8's products there Inductor's own GEMMs)
+    for i in (0, 0, 1, 3):
+        one, limit = src[i:i + 1], lens[i:i + 1]
+        ours = greedy(compiled, compiled.init_state(compiled.encode(one)), limit)
+        theirs = greedy(eager, eager.init_state(eager.encode(one)), limit)
+        assert ours[0].tokens == theirs[0].tokens, (precision, i)
+    assert len(step.packages) == 2 and all(step.packages.values())
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

@@ -103,10 +103,13 @@ class Int8Linear(nn.Module):
         self.register_buffer("w_scale", scale.view(-1))  # [out]
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         self.register_buffer("weight", q.float() * scale)
+        self.register_buffer("unit_scale", torch.ones(self.out_features))  # the weight scale of _product_in_graph
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features)
+        if torch.compiler.is_exporting() and isinstance(rows.size(0), int):
+            return self._product_in_graph(rows).view(*shape[:-1], self.out_features).to(x.dtype)
         q_x, x_scale = quantize_rows(rows)
         # one row: a size known to be 1 (eagerly, or in a graph whose sizes are fixed); a size that is a symbol of
         # a graph keeps the layout of many rows rather than have the graph guard on it
@@ -119,11 +122,39 @@ class Int8Linear(nn.Module):
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
 
+    def _product_in_graph(self, rows: Tensor) -> Tensor:
+        """The same product, as a graph whose sizes are all fixed (a search of one sentence: attnkit.fast.aot's
+        FIXED_GRAPH) computes it: oneDNN's quantized linear over the weight packed once, which Inductor lowers to a
+        C++ GEMM of its own with VNNI (or AMX) instructions, inlined in the graph with the quantization around it,
+        where ``torch._int_mm`` is a library call a layer. Its activations are unsigned, q + 128 with zero point 128
+        (the instructions multiply unsigned by signed bytes), its scales 1: the integer sums, compensated for the zero
+        point, are those of ``q_x @ q_w^T`` (exactly: in fp32 below 2^24), then scaled as in :meth:`forward`. One step
+        of beam search of one sentence (Multi30k model, 5 rows) ran its output projection in 13.2 against 32.3 us,
+        eight 128x128 layers in 14.4 against 20.7 us (AMD EPYC Zen 5). Batches keep ``torch._int_mm``: at 64 rows
+        Inductor's GEMM of a 128x128 layer took twice as long."""
+        scale = rows.detach().abs().amax(-1, keepdim=True).float() / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        unsigned = (torch.round(rows.float() / scale).clamp(-127, 127) + 128).to(torch.uint8)
+        packed = torch.ops.onednn.qlinear_prepack(self.q_weight, None)  # constant-folded when the graph is frozen
+        sums = torch.ops.onednn.qlinear_pointwise.default(unsigned, 1.0, 128, packed, self.unit_scale, None, None, 1.0,
+                                                          0, torch.float32, "none", [], "")
+        out = sums * scale * self.w_scale
+        return out if self.bias is None else out + self.bias
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
+def _register_fake_int8_packing() -> None:
+    """Let ``torch.export`` trace ``onednn::qlinear_prepack``, which PyTorch gives no fake kernel (Inductor inserts
+    it after tracing): the packed weight is opaque, [in, out] to the product's shape rule."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("onednn::qlinear_prepack", "Meta"):
+        torch.library.register_fake("onednn::qlinear_prepack")(
+            lambda weight, x_shape=None: weight.new_empty((weight.size(1), weight.size(0))))
+
+
 def _to_int8(model: nn.Module) -> nn.Module:
+    _register_fake_int8_packing()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
