@@ -60,8 +60,9 @@ def test_the_int8_product_equals_its_reference(rows, bias):
     # and close to fp32: int8 rounding of both operands, about 1% of the output's scale
     exact = linear(x).detach()
     assert float((q(x) - exact).abs().max()) < 0.02 * float(exact.abs().max())
-    # the readable weight is the dequantized one, which sliced products use
+    # the readable weight is the dequantized one, which sliced products use, column-major as BLAS reads it fastest
     torch.testing.assert_close(q.weight, q.q_weight_t.t().float() * q.w_scale[:, None])
+    assert q.weight.stride() == (1, 200)
 
 
 @pytest.mark.slow

@@ -102,7 +102,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("q_weight", q)
         self.register_buffer("w_scale", scale.view(-1))  # [out]
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
-        self.register_buffer("weight", q.float() * scale)
+        # stored column-major, as compile.py stores nn.Linear's: a product with a slice of its rows (cross-attention's
+        # queries) then hands BLAS a plain [in, out] matrix; int8 greedy decoding of 64 sentences ran 2.3% faster
+        # (the Multi30k model, AMD EPYC Zen 5, where MKL's fp32 products take their AVX2 path)
+        self.register_buffer("weight", (q.float() * scale).t().contiguous().t())
         self.register_buffer("unit_scale", torch.ones(self.out_features))  # the weight scale of _product_in_graph
 
     def forward(self, x: Tensor) -> Tensor:
