@@ -256,24 +256,61 @@ def test_bf16_training_is_refused_on_a_cpu_without_its_instructions(tmp_path, da
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("flags", [{"avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16"}, {"avx2", "amx_bf16"}])
-def test_auto_precision_trains_bf16_where_the_cpu_has_its_instructions_and_fp32_elsewhere(tmp_path, dates_pairs,
-                                                                                          monkeypatch, flags):
-    """``train.precision = "auto"`` autocasts to bf16 on a CPU with AVX512_BF16 or AMX-BF16, trains fp32 without
-    (never refused), and run.jsonl records what it resolved to."""
+@pytest.mark.parametrize(("flags", "bf16_seconds"), [({"avx2", "fma"}, 0.5), ({"avx2", "avx512f", "avx512_bf16"}, 0.5),
+                                                    ({"avx2", "amx_bf16"}, 0.5), ({"avx2", "amx_bf16"}, 2.0)])
+def test_auto_precision_trains_bf16_only_where_the_cpu_has_its_instructions_and_it_measures_faster(
+        tmp_path, dates_pairs, monkeypatch, flags, bf16_seconds):
+    """``train.precision = "auto"`` on a CPU with AVX512_BF16 or AMX-BF16 times a batch's forward and backward in
+    both precisions and autocasts to bf16 only if that was faster (here the timings are given: 1 s in fp32); it
+    trains fp32 without the instructions (never refused, nothing timed). run.jsonl records what it resolved to,
+    metrics.jsonl the timings, and a resumed run keeps the choice without timing again."""
     from attnkit.fast import precision
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
-    trainer = Trainer(tiny_experiment(precision="auto", device="cpu", max_steps=1), tmp_path,
-                      train_pairs=dates_pairs, valid_pairs=generate_dates(20, seed=1))
+    timed = []
+    monkeypatch.setattr(Trainer, "precision_seconds",
+                        lambda self: timed.append(self.progress.step) or {"fp32": 1.0, "bf16": bf16_seconds})
+    cfg = tiny_experiment(precision="auto", device="cpu", max_steps=2, save_every=1, eval_every=0)
+    trainer = Trainer(cfg, tmp_path, train_pairs=dates_pairs, valid_pairs=generate_dates(20, seed=1))
     seen = []
     trainer.model.encoder[0].ffn.linear1.register_forward_hook(
         lambda m, i, out: seen.append(out.dtype) if m.training else None)
     trainer.train()
-    expected = "bf16" if flags & {"avx512_bf16", "amx_bf16"} else "fp32"
+    has = bool(flags & {"avx512_bf16", "amx_bf16"})
+    expected = "bf16" if has and bf16_seconds < 1.0 else "fp32"
     assert set(seen) == {torch.bfloat16 if expected == "bf16" else torch.float32}
+    assert timed == ([0] if has else [])
     launches = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert [launch["precision"] for launch in launches] == [expected]
+    chosen = [r for r in read_metrics(tmp_path) if "seconds_per_batch" in r]
+    assert chosen == ([{"step": 0, "precision": expected, "seconds_per_batch": {"fp32": 1.0, "bf16": bf16_seconds}}]
+                      if has else [])
+    resumed = Trainer(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=3)), tmp_path,
+                      train_pairs=dates_pairs,
+                      valid_pairs=generate_dates(20, seed=1))
+    resumed.resume(tmp_path / "checkpoints" / "step-1")
+    seen.clear()
+    resumed.model.encoder[0].ffn.linear1.register_forward_hook(
+        lambda m, i, out: seen.append(out.dtype) if m.training else None)
+    resumed.train()
+    assert timed == ([0] if has else []) and resumed.precision == expected
+    assert set(seen) == {torch.bfloat16 if expected == "bf16" else torch.float32}
+
+
+@pytest.mark.skipif(not {"avx512_bf16", "amx_bf16"} & cpu_flags(),
+                    reason="bf16 training runs only on a CPU with AVX512_BF16 or AMX-BF16")
+def test_timing_the_precisions_leaves_the_model_and_its_random_stream_alone(tmp_path, dates_pairs):
+    """:meth:`Trainer.precision_seconds` times both precisions on a model of its own: the trainer's weights,
+    gradients and random stream (dropout's) stay as they were, so a run that measured trains as one that did not."""
+    trainer = Trainer(tiny_experiment(precision="auto", device="cpu"), tmp_path, train_pairs=dates_pairs,
+                      valid_pairs=generate_dates(20, seed=1))
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    rng = torch.get_rng_state()
+    seconds = trainer.precision_seconds()
+    assert set(seconds) == {"fp32", "bf16"} and all(0 < v < 60 for v in seconds.values())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(weights[k], v) for k, v in trainer.model.state_dict().items())
+    assert all(p.grad is None for p in trainer.model.parameters())
 
 
 def test_a_trainer_bounds_the_kernel_caches_before_it_builds_its_model(tmp_path, dates_pairs, monkeypatch):

@@ -56,6 +56,7 @@ class Progress:
     validations_since_best: int = 0  # early stopping (train.patience) counts these
     history: list[str] = field(default_factory=list)  # checkpoint directory names, oldest first
     schedule_steps: int = 0  # the schedule's last step as train.fit_schedule set it (0: not fitted)
+    precision: str = ""  # what train.precision = "auto" measured faster here, which a resumed run keeps ("": none)
 
     # the progress bar: a run stops at max_steps or when train.max_minutes of training time are spent, whichever
     # comes first, so its ETA is the smaller of the two (a 100,000-step cap under a 60-minute budget is not 15 h)
@@ -90,8 +91,9 @@ class Progress:
 
 
 def training_precision(precision: str, device: torch.device) -> str:
-    """``train.precision`` with "auto" resolved: bf16 where ``device`` has bf16 matrix instructions (a CPU with
-    AVX512_BF16 or AMX-BF16, a CUDA GPU that supports bf16), else fp32."""
+    """``train.precision`` with "auto" resolved by the hardware: bf16 where ``device`` has bf16 matrix instructions (a
+    CPU with AVX512_BF16 or AMX-BF16, a CUDA GPU that supports bf16), else fp32. On a CPU the Trainer then keeps
+    bf16 only where it measures faster (:meth:`Trainer.choose_precision`)."""
     from attnkit.fast.precision import NEEDS, cpu_flags
 
     if precision != "auto":
@@ -314,6 +316,7 @@ class Trainer:
             self.progress = Progress(**meta["progress"])
         except TypeError as e:
             raise AttnkitError(f"{path}/meta.json: progress does not describe a training run ({e})") from None
+        self.choose_precision()  # the precision the run measured and kept, if it did
         self._set_aside_damaged(path, step, fell_back_from)
         self._record_run()
         # records a killed run logged after this checkpoint are redone; read_metrics drops them
@@ -551,6 +554,51 @@ class Trainer:
         last = n if self.world == 1 else n - per_update + 1
         return min(t.max_steps, t.max_epochs * len(range(0, max(last, 0), per_update)))
 
+    def use_precision(self, precision: str) -> None:
+        self.precision = precision
+        self.amp_dtype, self.scaler = mixed_precision(precision, self.device)
+
+    def choose_precision(self) -> None:
+        """``train.precision = "auto"`` on a CPU with bf16 matrix instructions: bf16 only where it trains faster here,
+        as measured by :meth:`precision_seconds`, on every rank (else fp32). The instructions alone do not say: the
+        Multi30k model trained 1.39x as fast in bf16 on an AMD EPYC Zen 5 and 1.21x on a Zen 4, but 0.55x as fast on
+        an Intel Xeon with AMX (bench/results/train_throughput*.json). The choice is kept in the run's progress, so a
+        resumed run trains at it without measuring again, and logged with the timings."""
+        if self.cfg.train.precision != "auto" or self.device.type != "cpu" or self.precision != "bf16":
+            return
+        p = self.progress
+        if not p.precision:
+            seconds = self.precision_seconds()
+            faster = distributed.all_sum(int(seconds["bf16"] < seconds["fp32"]), self.world) == self.world
+            p.precision = "bf16" if faster else "fp32"
+            self.log({"step": p.step, "precision": p.precision,
+                      "seconds_per_batch": {k: round(v, 5) for k, v in seconds.items()}})
+            if self.rank == 0:
+                print(f"attnkit: train.precision = auto: {p.precision} (a batch's forward and backward took "
+                      f"{seconds['bf16']:.3f} s in bf16, {seconds['fp32']:.3f} s in fp32)", file=sys.stderr, flush=True)
+        self.use_precision(p.precision)
+
+    def precision_seconds(self, rounds: int = 4) -> dict[str, float]:
+        """Seconds of the forward pass, loss and backward pass of the first training batch, in fp32 and under bf16
+        autocast (the better of ``rounds - 1`` timings each, after one warm-up, the two taking turns), on a model
+        built as this one (its own weights, RNG and optimizer untouched)."""
+        t = self.cfg.train
+        src_lens, tgt_lens = self.task.lengths("train")
+        first = token_batches(src_lens, tgt_lens, t.max_tokens, seed=t.seed, epoch=0, max_examples=t.batch_size)[0]
+        batch = self.task.batch("train", first).to(self.device)
+        times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+        with torch.random.fork_rng(devices=[]):
+            model = self.build_model().to(self.device).train()
+            for _ in range(rounds):
+                for precision in times:
+                    start = time.perf_counter()
+                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                        loss, _, _ = self.task.loss(model, batch, t.label_smoothing)
+                    loss.backward()
+                    model.zero_grad(set_to_none=True)
+                    times[precision].append(time.perf_counter() - start)
+        return {precision: min(seconds[1:]) for precision, seconds in times.items()}
+
     def autocast(self):
         """Mixed precision for the forward pass and loss (``train.precision``); nothing at fp32."""
         if self.amp_dtype is None:
@@ -559,6 +607,7 @@ class Trainer:
 
     def train(self) -> dict:
         t, p = self.cfg.train, self.progress
+        self.choose_precision()
         self._record_run()
         self.forward_model.train()
         src_lens, tgt_lens = self.task.lengths("train")
