@@ -902,30 +902,36 @@ def block_train_end_to_end(results: dict) -> str:
             f"{number(get(r, 'metrics', 'paper_bleu'))} (the paper's).\n")
 
 
-RECIPE_PRECISIONS = {"fp32": "multi30k_en_de_1core_fp32_epyc", "bf16": "multi30k_en_de_1core_bf16_epyc"}
+# the recipe trained in fp32 and in bf16, one core each, by machine: (the fp32 run's results, the bf16 run's)
+RECIPE_PRECISIONS = {"AMD EPYC Zen 4": ("multi30k_en_de_1core_fp32_epyc", "multi30k_en_de_1core_bf16_epyc"),
+                     "AMD EPYC Zen 5": ("multi30k_en_de_1core_fp32_zen5", "multi30k_en_de_1core_bf16_zen5")}
 
 
 def block_train_precision_recipe(results: dict) -> str:
-    """The Multi30k recipe trained in fp32 and in bf16 side by side, one core each, for its 60 training minutes:
-    throughput, epochs, validation after the same steps, test BLEU."""
-    runs = {p: results.get(name) for p, name in RECIPE_PRECISIONS.items()}
-    if any(r is None for r in runs.values()):
-        return absent(" and ".join(n for p, n in RECIPE_PRECISIONS.items() if runs[p] is None))
-    shared = set.intersection(*({v["step"] for v in r.get("validation", [])} for r in runs.values()))
-    step = max(shared, default=None)
-    lines = [f"- {p}: {_ran(r, name)}" for (p, r), name in zip(runs.items(), RECIPE_PRECISIONS.values())]
-    lines += ["", f"| training precision | target tokens/s | steps | epochs | training minutes | valid loss at step "
-                  f"{number(step, 0)} | valid BLEU there | test BLEU (sacreBLEU) | test BLEU (the paper's) |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for p, r in runs.items():
-        at = next((v for v in r.get("validation", []) if v["step"] == step), {})
-        lines.append(f"| {p} | {number(r.get('tokens_per_s'), 0)} | {number(r.get('steps'), 0)} | {epochs(r)} | "
-                     f"{minutes(r)} | {number(at.get('valid_loss'), 4)} | {number(at.get('valid_bleu'))} | "
-                     f"{number(get(r, 'metrics', 'bleu'))} | {number(get(r, 'metrics', 'paper_bleu'))} |")
-    fp32, bf16 = runs["fp32"], runs["bf16"]
-    speed = bf16["tokens_per_s"] / fp32["tokens_per_s"] if fp32.get("tokens_per_s") else None
-    lines += ["", f"bf16 / fp32 target tokens/s: {_times(speed)}."]
-    return "\n".join(lines) + "\n"
+    """The Multi30k recipe trained in fp32 and in bf16, one core each, for its 60 training minutes, on each machine
+    that has both runs: throughput, epochs, validation after the same steps, test BLEU."""
+    machines = {m: dict(zip(("fp32", "bf16"), names)) for m, names in RECIPE_PRECISIONS.items()
+                if all(n in results for n in names)}
+    if not machines:
+        return absent(" and ".join(n for names in RECIPE_PRECISIONS.values() for n in names))
+    lines: list[str] = []
+    for machine, names in machines.items():
+        runs = {p: results[name] for p, name in names.items()}
+        shared = set.intersection(*({v["step"] for v in r.get("validation", [])} for r in runs.values()))
+        step = max(shared, default=None)
+        lines += [f"**{machine}.**", ""] + [f"- {p}: {_ran(r, names[p])}" for p, r in runs.items()]
+        lines += ["", "| training precision | target tokens/s | steps | epochs | training minutes | valid loss at "
+                      f"step {number(step, 0)} | valid BLEU there | test BLEU (sacreBLEU) | test BLEU (the paper's) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for p, r in runs.items():
+            at = next((v for v in r.get("validation", []) if v["step"] == step), {})
+            lines.append(f"| {p} | {number(r.get('tokens_per_s'), 0)} | {number(r.get('steps'), 0)} | {epochs(r)} | "
+                         f"{minutes(r)} | {number(at.get('valid_loss'), 4)} | {number(at.get('valid_bleu'))} | "
+                         f"{number(get(r, 'metrics', 'bleu'))} | {number(get(r, 'metrics', 'paper_bleu'))} |")
+        fp32, bf16 = runs["fp32"], runs["bf16"]
+        speed = bf16["tokens_per_s"] / fp32["tokens_per_s"] if fp32.get("tokens_per_s") else None
+        lines += ["", f"bf16 / fp32 target tokens/s: {_times(speed)}.", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 TRANSLATE_SYSTEMS = {"attnkit": "attnkit `--no-compile`", "attnkit_compiled": "attnkit, compiled (the default)",
