@@ -3,10 +3,10 @@ CPU has the instructions for; ``attnkit translate --precision``), each compiled 
 by default for a server or a large file (the search steps ahead of time, the weights frozen) and attnkit fp32
 eager (``--no-compile``), against CTranslate2 ``float32`` and ``int8`` on the same exported checkpoint, greedy and
 beam 5, batches of 1 and 64 sentences of the test_2016_flickr source, one thread each, taking turns in four rounds
-(:func:`translate_throughput.run`), after a first pass of each system over the cell's batches (its rate kept as
-``first_pass_tokens_per_s``: one-time costs included, which compiles, checks the compiled steps and makes oneDNN's
-kernels for each new shape). BLEU of every run, cased sacreBLEU and the papers' BLEU (lowercased,
-Moses-tokenised).
+run ``--repeats`` times over (:func:`translate_throughput.run`), after a first pass of each system over the cell's
+batches (its rate kept as ``first_pass_tokens_per_s``: one-time costs included, which compiles, checks the compiled
+steps and makes oneDNN's kernels for each new shape). BLEU of every run, cased sacreBLEU and the papers' BLEU
+(lowercased, Moses-tokenised).
 
     python bench/decode_precision.py --checkpoint runs/multi30k_en_de   # -> bench/results/decode_precision.json
     python bench/decode_precision.py --no-compile                       # attnkit eager at every precision
@@ -81,6 +81,9 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, default=0, help="the first N test sentences (0: all 1000)")
     ap.add_argument("--batch1-sentences", type=int, default=200, help="of those, how many the batch-1 cells decode")
     ap.add_argument("--threads", type=int, default=1)
+    # one pass of a cell's sentences takes a second or less a system: timed once, a pause of the machine moved a
+    # cell's ratio by several percent between two runs of this bench
+    ap.add_argument("--repeats", type=int, default=5, help="how many times each cell's turns are run and timed")
     ap.add_argument("--no-compile", dest="compile", action="store_false",
                     help="attnkit decodes eagerly at every precision (default: compiled, as --compile)")
     ap.add_argument("--out", default="bench/results/decode_precision.json")
@@ -117,7 +120,8 @@ def main() -> int:
             for size in (1, 64):
                 cells, chosen = batches(size, min(n, args.batch1_sentences) if size == 1 else n)
                 first_pass: dict[str, float] = {}
-                for name, (out, seconds) in run(decoders, cells, beam, d.len_penalty, first_pass=first_pass).items():
+                for name, (out, seconds) in run(decoders, cells, beam, d.len_penalty, first_pass=first_pass,
+                                                     repeats=args.repeats).items():
                     tokens = sum(len(o) for o in out)
                     hyps = {i: toks.tgt.decode(o) for i, o in zip(chosen, out)}
                     kept = sorted(hyps)
@@ -168,7 +172,7 @@ def main() -> int:
         print("wide searches from:", metrics["wide_sentences"])
     write_results(args.out, "decode_precision", " ".join(["python", *sys.argv]), metrics, systems=systems,
                   ratios=ratios, checkpoint=str(path), sentences=n, batch1_sentences=min(n, args.batch1_sentences),
-                  threads=args.threads)
+                  threads=args.threads, repeats=args.repeats)
     print(args.out)
     return 0
 

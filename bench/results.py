@@ -563,7 +563,8 @@ def _decode_precision(r: dict, name: str) -> str:
     flags = ", ".join(get(r, "metrics", "cpu_flags", default=[]))
     lines = [f"**{machine(r)}.** " + _ran(r, name, f"CPU flags: {flags}; "
                   f"checkpoint `{text(_local(r.get('checkpoint')))}`; batch-1 cells over the first "
-                  f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over {number(r.get('sentences'), 0)}")
+                  f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over {number(r.get('sentences'), 0)}"
+                  + (f", each cell's turns timed {number(r['repeats'], 0)} times over" if r.get("repeats") else ""))
              + ".", "",
              "| tokens/s | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for label in labels:

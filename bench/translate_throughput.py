@@ -110,7 +110,7 @@ def length_sorted_batches(ids: list[list[int]], order: list[int], size: int, dec
 
 @torch.no_grad()
 def run(decoders: dict, batches, beam: int, len_penalty: float, rounds: int = 4,
-        first_pass: dict | None = None) -> dict[str, tuple[list, float]]:
+        first_pass: dict | None = None, repeats: int = 1) -> dict[str, tuple[list, float]]:
     """-> {system: (outputs in batch order, seconds)}. The batches are cut into ``rounds`` runs of consecutive
     batches, and the systems take turns run by run, so a change in the machine's speed falls on all of them
     (one system's throughput moved by up to a third between two runs of this bench), while each system still
@@ -121,7 +121,10 @@ def run(decoders: dict, batches, beam: int, len_penalty: float, rounds: int = 4,
     With ``first_pass`` (a dict), each system first decodes every batch once, one system after another, and the
     seconds each took go into ``first_pass``: what a process that translates these sentences once waits, one-time
     costs included (kernels made for each new shape of a oneDNN product, the compiled steps' checks against the
-    eager ones), apart from the throughput the turns then measure."""
+    eager ones), apart from the throughput the turns then measure.
+
+    ``repeats``: the rounds are run that many times over (the outputs kept from the first), so that a cell's timing
+    spans more than the second or so that one pass of its sentences takes, in which a pause of the machine weighs."""
     for name, decode in decoders.items():
         decode(*batches[0], beam, len_penalty)
         if first_pass is not None:
@@ -132,13 +135,16 @@ def run(decoders: dict, batches, beam: int, len_penalty: float, rounds: int = 4,
     outputs = {name: [] for name in decoders}
     seconds = dict.fromkeys(decoders, 0.0)
     cuts = [len(batches) * r // rounds for r in range(rounds + 1)]
-    for part in (batches[a:b] for a, b in zip(cuts, cuts[1:])):
-        for name, decode in decoders.items():
-            start = time.perf_counter()
-            for src, lens in part:
-                outputs[name] += decode(src, lens, beam, len_penalty)
-            seconds[name] += time.perf_counter() - start
-    return {name: (outputs[name], seconds[name]) for name in decoders}
+    for repeat in range(repeats):
+        for part in (batches[a:b] for a, b in zip(cuts, cuts[1:])):
+            for name, decode in decoders.items():
+                start = time.perf_counter()
+                for src, lens in part:
+                    out = decode(src, lens, beam, len_penalty)
+                    if repeat == 0:
+                        outputs[name] += out
+                seconds[name] += time.perf_counter() - start
+    return {name: (outputs[name], seconds[name] / repeats) for name in decoders}
 
 
 def main() -> int:
