@@ -191,6 +191,31 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(mo
     assert len(step.packages) == 2 and all(step.packages.values())
 
 
+@pytest.mark.slow
+@torch.no_grad()
+def test_a_wide_int8_search_packs_its_fp32_products_and_decodes_as_eager_int8(model):
+    """An int8 model still multiplies by slices of its dequantized weights in fp32 (cross-attention's queries); where
+    packing pays (``pack_wide``, forced here) a search of WIDE_SENTENCES sentences or more runs graphs in which
+    those products are oneDNN's packed ones, with eager int8 decoding's outputs."""
+    from attnkit.fast.aot import WIDE_SENTENCES, AheadOfTimeStep
+
+    if not runs_here("int8"):
+        pytest.skip(f"this CPU has none of {NEEDS['int8']}")
+    eager = fast.decoder(model, precision="int8")
+    compiled = fast.decoder(model, compile=True, precision="int8", freeze=True, ahead_of_time=True, check=False,
+                             pack_wide=True)
+    assert compiled.wide_sentences == WIDE_SENTENCES
+    wide = random_src([2 + i % 6 for i in range(WIDE_SENTENCES)], seed=11)
+    lens = max_lengths(wide.ne(PAD).sum(1), 1.0, 4)
+    for _ in range(2):  # eagerly while the graph is made, then through it
+        ours = greedy(compiled, compiled.init_state(compiled.encode(wide)), lens)
+        theirs = greedy(eager, eager.init_state(eager.encode(wide)), lens)
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+    step = compiled.search_steps()["greedy_step"]
+    assert isinstance(step, AheadOfTimeStep) and [key[-1] for key in step.packages] == ["wide"]
+    assert all(step.packages.values())
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_the_command_line_decodes_at_a_precision_or_refuses_in_one_line(trained_checkpoint, dates_pairs, precision):
     """``attnkit translate --precision``: the translations of a CPU that has the instructions (close to fp32's: at

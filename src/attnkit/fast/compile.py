@@ -98,6 +98,9 @@ class CompiledDecoder(nn.Module):
         output = getattr(inner, "output", None)
         packs = isinstance(output, nn.Linear) and output.weight.dtype == torch.float32 and can_pack
         layers = [m.weight.detach() for m in inner.modules() if isinstance(m, nn.Linear) and m is not output]
+        # an int8 model's fp32 products: by slices of its layers' dequantized weights (cross-attention's queries and
+        # memory), which a wide graph packs as it packs fp32 layers (its integer products stay torch._int_mm)
+        layers += [m.weight for m in inner.modules() if isinstance(m, Int8Linear)]
         packs_layers = ahead_of_time and can_pack and bool(layers) and all(w.dtype == torch.float32 for w in layers)
         # the cache directory of the packages by (output projection packed, wide searches' layers packed)
         kept: dict[tuple[bool, bool], Path] = {}
