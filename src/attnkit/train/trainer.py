@@ -166,8 +166,7 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.device = distributed.training_device(cfg.train.device)
-        self.precision = training_precision(cfg.train.precision, self.device)
-        self.amp_dtype, self.scaler = mixed_precision(self.precision, self.device)
+        self.use_precision(training_precision(cfg.train.precision, self.device))
         self.rank, self.world = distributed.setup(self.device)
         self.task = task or make_task(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world, self.rank)
         self.metric = cfg.train.best_metric or self.task.metric
@@ -555,6 +554,7 @@ class Trainer:
         return min(t.max_steps, t.max_epochs * len(range(0, max(last, 0), per_update)))
 
     def use_precision(self, precision: str) -> None:
+        """Train at ``precision`` (resolved: fp32, bf16 or fp16) from now on."""
         self.precision = precision
         self.amp_dtype, self.scaler = mixed_precision(precision, self.device)
 
