@@ -110,11 +110,11 @@ def test_a_wide_search_runs_graphs_of_its_own_whose_layers_are_packed_products(m
     for _ in range(2):  # eagerly while the graphs are made, then through them
         _same(_decode(fast, wide, 1), _decode(model, wide, 1))
     assert [key[-1] for key in aot.packages] == ["wide"] and all(aot.packages.values())
-    assert list(fast._aot_encoder.packages) == [True] and fast._aot_encoder.packages[True] is not None
+    assert list(fast._aot_encoder.packages) == ["wide"] and fast._aot_encoder.packages["wide"] is not None
     assert prepacked == [True, True]  # the encoder's package and the greedy step's
     fast.seal()
     _same(_decode(fast, wide[:4], 1), _decode(model, wide[:4], 1))
-    assert len(aot.packages) == 1 and list(fast._aot_encoder.packages) == [True] and len(prepacked) == 2
+    assert len(aot.packages) == 1 and list(fast._aot_encoder.packages) == ["wide"] and len(prepacked) == 2
     assert aot.fallback.calls == 0
 
 
@@ -130,10 +130,11 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
     beam search's second) serve every later search of one; never falling back, with eager decoding's outputs and
     scores. (Traced with one sentence as it came, a batch's graph once
     computed wrong rows for several.) The encoder
-    and ``init_state``, one package built on the first source of two tokens or more, make eager encoding's state
-    at every batch size and source length; a source beyond the positional table is encoded eagerly. The graphs of
-    a search of one sentence, every size fixed, are compiled with Inductor's own C++ GEMMs in the running
-    (``FIXED_GRAPH``), the others with the library's products.
+    and ``init_state``, one package for one sentence and one for a batch, each built on the first source of its kind
+    of two tokens or more, make eager encoding's state at every batch size and source length; a source beyond the
+    positional table is encoded eagerly. The graphs of one sentence (a search's, with every size fixed, and the
+    encoder's, its batch size fixed) are compiled with Inductor's own C++ GEMMs in the running (``FIXED_GRAPH``), the
+    others with the library's products.
 
     Every package is kept in the cache: a second decoder of the same weights loads them all (compiling nothing)
     and decodes as eager decoding does, packing the output projection as the kept packages do, whichever way its
@@ -175,7 +176,7 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
 
     encoder = fast._aot_encoder
     same_state(src[3:, :1])  # one token: too short to build from (a size 1 would be specialised)
-    assert encoder.package is None and not encoder.tried
+    assert encoder.packages == {}
     one = src[:1]
     searches = ((1, greedy_step, one), (3, beam_step, src))
     graphs = {"greedy_step": (1, 1), "beam_step": (2, 1)}  # a search's graphs of a kind: of a batch, of one sentence
@@ -231,21 +232,23 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
     for batch in (src, src[:1], src[1:3, :5], src[3:, :1], torch.cat([src, src])):
         same_state(batch)
     too_long = torch.randint(4, VOCAB, (2, model.cfg.max_positions + 3))
-    assert encoder.package is not None and not encoder.package.fits([too_long])
+    assert encoder.packages["batch"] is not None and not encoder.packages["batch"].fits([too_long])
     same_state(too_long)  # eagerly: the positional table grows
     # sealed, as a warmed-up server seals it: a beam size without graphs (2) runs the eager step, compiling nothing
     # and never the fallback (whose torch.compile would compile too), with eager decoding's outputs
     assert fast.seal() == ["greedy_step", "beam_step", "encoder"]
     _same(_decode(fast, src, 2), _decode(model, src, 2))
     assert len(aot.packages) == 3 and aot.fallback.calls == 0
-    # the encoder's package, then each step's: two of a search of one sentence, three of batches
-    assert len(compiled_with) == 6 and compiled_with.count(aot_module.FIXED_GRAPH) == 2
+    # the encoder's packages, of one sentence and of a batch, then each step's: two of a search of one sentence,
+    # three of batches; those of one sentence with every batch size fixed
+    assert len(compiled_with) == 7 and compiled_with.count(aot_module.FIXED_GRAPH) == 3
     assert compiled_with.count(aot_module.GRAPH) == 4
+    assert sorted(encoder.packages) == ["batch", "one sentence"] and all(encoder.packages.values())
 
     greedy_steps = fast.search_steps()["greedy_step"]
     kept = sorted(greedy_steps.cache.glob("*.pt2"))
     assert greedy_steps.cache.parent == tmp_path / "compiled" and all(p.with_suffix(".json").is_file() for p in kept)
-    assert len(kept) == 6 and (greedy_steps.cache / "encoder.pt2") in kept
+    assert len(kept) == 7 and {"encoder.pt2", "encoder-one-sentence.pt2"} <= {p.name for p in kept}
     assert greedy_steps.loaded == 0 and encoder.loaded == 0
 
     again = decoder()
@@ -254,7 +257,7 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
         for batch in (first, src, one):
             _same(_decode(again, batch, beam), _decode(model, batch, beam))
         assert aot.loaded == len(aot.packages) == sum(graphs[search_step.__name__]) and all(aot.packages.values())
-    assert again._aot_encoder.loaded == 1 and len(compiled_with) == 6
+    assert again._aot_encoder.loaded == 2 and len(compiled_with) == 7
 
     # greedy decoding's package of a batch damaged: a third decoder compiles it again, saying so once, and keeps it
     later = next(key for key in greedy_steps.packages if not key[3])
@@ -270,7 +273,7 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
         warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
         assert len(warnings) == 1 - expected_loaded  # one warning the first time, none once it is kept again
         assert all("compiling it again" in w for w in warnings)
-    assert len(compiled_with) == 7
+    assert len(compiled_with) == 8
 
     other = copy.deepcopy(model)
     next(other.parameters()).add_(1.0)
@@ -327,8 +330,9 @@ def test_a_step_whose_lowering_fails_runs_eagerly_and_says_so_once_a_kind(model,
 @torch.no_grad()
 def test_a_compiled_decoder_names_the_checks_whose_lowering_failed(model, monkeypatch, capfd):
     """``CompiledDecoder.unlowered()``: the checks that run the eager step because their package could not be
-    compiled (here every export fails: the greedy step's, and the encoder's for one sentence and for a batch),
-    whatever the check itself decided; none before a lowering was tried."""
+    compiled (here every export fails), whatever the check itself decided; none before a lowering was tried. Each
+    kind of source has its encoder's package: a batch names the greedy step and the encoder of a batch, and one
+    sentence then adds the encoder of one sentence, with one warning line for each package that failed."""
     from attnkit.decode import generate
     from attnkit.fast.aot import _Package
 
@@ -342,9 +346,14 @@ def test_a_compiled_decoder_names_the_checks_whose_lowering_failed(model, monkey
     lens = max_lengths(src.ne(PAD).sum(1), 1.0, 4)
     for _ in range(2):
         assert [h[0].tokens for h in generate(fast, src, lens)] == [h[0].tokens for h in generate(model, src, lens)]
-    assert sorted(fast.unlowered()) == ["encoder of a batch", "encoder of one sentence", "greedy_step"]
+    assert sorted(fast.unlowered()) == ["encoder of a batch", "greedy_step"]
     # the greedy graph's warning and the encoder's
     assert sum("could not be compiled ahead of time" in line for line in capfd.readouterr().err.splitlines()) == 2
+    for _ in range(2):
+        assert generate(fast, src[:1], lens[:1])[0][0].tokens == generate(model, src[:1], lens[:1])[0][0].tokens
+    assert sorted(fast.unlowered()) == ["encoder of a batch", "encoder of one sentence", "greedy_step"]
+    assert sum("the encoder could not be compiled ahead of time" in line
+               for line in capfd.readouterr().err.splitlines()) == 1
 
 
 def test_a_package_record_names_only_attnkit_types():

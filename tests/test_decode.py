@@ -700,26 +700,35 @@ def test_compiled_decoders_check_their_search_steps_unless_told_not_to(model):
 
 
 @torch.no_grad()
-def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(model, src, capfd):
-    """The encoder's package faster than eager encoding for one sentence and slower for a batch (each side made
-    slower by a sleep): the batch's first calls drop it for batches only, with one warning line, and one sentence
-    keeps it, though each round begins with a batch (a server warmed up with one); every call returns eager
-    encoding's state."""
+@pytest.mark.parametrize("one_sentence_pays", [True, False])
+def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(model, src, capfd, one_sentence_pays):
+    """The encoder's package of a batch slower than eager encoding (made slower by a sleep): the batch's first calls
+    drop it for batches only, with one warning line. One sentence's package is checked against encoding it as a
+    batch is encoded (``otherwise``), and kept where it is faster, though each round begins with a batch (a server
+    warmed up with one); where it is slower, one more warning line says so and one sentence is encoded as a batch
+    from then on. Every call returns eager encoding's state."""
     import time
 
     from attnkit.fast.compile import close_in_norm
 
     class Encoder:  # in place of the AheadOfTimeEncoder: its eager state, after the sleeps that decide the checks
         def __init__(self, inner):
-            self.inner, self.packaged = inner, 0
+            self.inner, self.packaged, self.as_batch = inner, 0, 0
+
+        def kind(self, batch):
+            return self.inner.kind(batch)
 
         def __call__(self, batch):
             self.packaged += 1
-            time.sleep(0.005 if batch.size(0) > 1 else 0.0)
+            time.sleep(0.005 if batch.size(0) > 1 or not one_sentence_pays else 0.0)
+            return self.inner.eager(batch)
+
+        def otherwise(self, batch):
+            self.as_batch += 1
+            time.sleep(0.005 if one_sentence_pays else 0.0)
             return self.inner.eager(batch)
 
         def eager(self, batch):
-            time.sleep(0.005 if batch.size(0) == 1 else 0.0)
             return self.inner.eager(batch)
 
     decoder = compile_step(model, ahead_of_time=True)  # nothing compiles: the package is replaced before a call
@@ -732,15 +741,20 @@ def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(
             for a, b in zip(state.tensors(), expected[n].tensors(), strict=True):
                 torch.testing.assert_close(a, b)
     warnings = [line for line in capfd.readouterr().err.splitlines() if "attnkit: warning" in line]
-    assert len(warnings) == 1 and "the compiled encoder of a batch took" in warnings[0]
+    assert len(warnings) == 1 + (not one_sentence_pays) and "the compiled encoder of a batch took" in warnings[0]
+    if not one_sentence_pays:
+        assert "the compiled encoder of one sentence took" in warnings[1]
+        assert "where encoding as a batch took" in warnings[1]
+        assert warnings[1].endswith("encoding as a batch runs instead")
     checks = decoder.checks()
     assert sorted(checks) == ["beam_step", "encoder of a batch", "encoder of one sentence", "greedy_step"]
     one, batch = checks["encoder of one sentence"], checks["encoder of a batch"]
-    assert one.chosen is one.compiled and batch.chosen is batch.eager
+    assert (one.chosen is one.compiled) == one_sentence_pays and batch.chosen is batch.eager
     assert one.compare is batch.compare is close_in_norm
-    packaged = encoder.packaged
+    packaged, as_batch = encoder.packaged, encoder.as_batch
     decoder.encode(src[:1]), decoder.encode(src)
-    assert encoder.packaged == packaged + 1  # one sentence only
+    # one sentence only: by its package where that pays, else as a batch is encoded
+    assert (encoder.packaged, encoder.as_batch) == (packaged + one_sentence_pays, as_batch + (not one_sentence_pays))
 
 
 def test_an_encoders_outputs_agree_in_norm_so_one_element_rounded_apart_does_not_refuse_it():

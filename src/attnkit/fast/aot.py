@@ -251,52 +251,79 @@ class AheadOfTimeEncoder:
     once a batch where the steps run once a token, yet one sentence at a time its eager modules took a fifth of
     compiled greedy decoding's time (127 of 638 us a token; the Multi30k model, cProfile, AVX-512 Xeon).
 
-    The first call with a source of two tokens or more runs eagerly and exports and compiles the package (or loads
-    it from ``cache``); batch and source length stay symbols. Calls outside its bounds (the positional table), on
-    another device, or after a lowering that failed run eagerly. With ``pack_wide``, batches of
-    :data:`WIDE_SENTENCES` sentences or more have a package of their own (:data:`WIDE_GRAPH`), made the same way."""
+    Each kind of source (:meth:`kind`) has a package of its own, exported and compiled (or loaded from ``cache``)
+    on the first call of that kind with a source of two tokens or more, which runs eagerly; source length stays a
+    symbol. A batch's package keeps its batch size a symbol and the library's products. One sentence's fixes its
+    batch size (:data:`FIXED_GRAPH`: Inductor's GEMMs over weights packed when compiled): a batch's package took
+    357 us to encode a Multi30k test sentence, a third of it MKL copying each weight into its packed form again, and
+    this one 279 us (AMD EPYC Zen 5); the one-sentence package is checked against :meth:`otherwise`. With
+    ``pack_wide``, batches of :data:`WIDE_SENTENCES` sentences or more have a package of their own
+    (:data:`WIDE_GRAPH`). Calls outside a package's bounds (the positional table), on another device, or of a kind
+    whose lowering failed run eagerly."""
 
     NAME = "encoder"
+    # each kind's package: its file's name and the sizes of the source [B, S] that stay symbols (a graph whose batch
+    # size is fixed is compiled with FIXED_GRAPH: _Package.export)
+    KINDS = {"one sentence": ("encoder-one-sentence", {0: Dim.STATIC, 1: Dim.AUTO}),
+             "batch": ("encoder", {0: Dim.AUTO, 1: Dim.AUTO}),
+             "wide": ("encoder-wide", {0: Dim.AUTO, 1: Dim.AUTO})}
 
     def __init__(self, decoder, cache: Path | None = None, pack_wide: bool = False):
         self.decoder = decoder
         self.cache = None if cache is None else Path(cache)
         self.pack_wide = pack_wide
-        self.packages: dict[bool, _Package | None] = {}  # by wide: a batch of WIDE_SENTENCES or more
+        self.packages: dict[str, _Package | None] = {}  # by kind; None: its lowering failed
         self.loaded = 0
         self.sealed = False  # as AheadOfTimeStep.sealed: without a package, compile nothing
+        self._looked_up: set[str] = set()  # the kinds already looked for in the cache
         self._directory = tempfile.TemporaryDirectory(prefix="attnkit-aoti-")
 
-    @property
-    def package(self) -> _Package | None:
-        """The package of one sentence and of the batches that are not wide."""
-        return self.packages.get(False)
-
-    @property
-    def tried(self) -> bool:
-        return False in self.packages
+    def kind(self, src: Tensor) -> str:
+        """Which package encodes ``src`` [B, S]: "one sentence", "wide" (:func:`is_wide`) or "batch"."""
+        if src.size(0) == 1:
+            return "one sentence"
+        return "wide" if is_wide(self.pack_wide, src.size(0)) else "batch"
 
     def eager(self, src: Tensor):
         return self.decoder.init_state(self.decoder.encode(src))
 
     def __call__(self, src: Tensor):
-        wide = is_wide(self.pack_wide, src.size(0))
-        if wide not in self.packages:
+        kind = self.kind(src)
+        if kind not in self.packages:
             if not self.sealed and src.is_cpu and src.dim() == 2 and src.size(1) > 1:
-                name = f"{self.NAME}-wide" if wide else self.NAME
-                self.packages[wide] = _load_kept(self.cache, name, self.NAME)
-                if self.packages[wide] is not None:
-                    self.loaded += 1
-                else:
-                    build = partial(_Package.export, self.decoder, self.eager, [src], [{0: Dim.AUTO, 1: Dim.AUTO}],
-                                    options=WIDE_GRAPH if wide else GRAPH)
-                    self.packages[wide] = _compile_kept(self.cache, Path(self._directory.name), name, self.NAME,
-                                                        build, fallback="encoding eagerly")
+                self.packages[kind] = self._kept(kind) or self._compiled(kind, src)
             return self.eager(src)
-        package = self.packages[wide]
+        return self._run(kind, src)
+
+    def otherwise(self, src: Tensor):
+        """How one sentence is encoded without a package of its own: by a batch's package where one is made or kept
+        in the cache (loaded, never compiled for it), else eagerly."""
+        if "batch" not in self.packages and (kept := self._kept("batch")) is not None:
+            self.packages["batch"] = kept
+        return self._run("batch", src)
+
+    def _run(self, kind: str, src: Tensor):
+        package = self.packages.get(kind)
         if package is None or not package.fits([src]):
             return self.eager(src)
         return package.run(_contiguous([src]))
+
+    def _kept(self, kind: str) -> _Package | None:
+        """The package of ``kind`` kept in the cache, if there is one and it is intact (looked up once a kind: a
+        damaged one warns once)."""
+        if kind in self._looked_up:
+            return None
+        self._looked_up.add(kind)
+        package = _load_kept(self.cache, self.KINDS[kind][0], self.NAME)
+        self.loaded += package is not None
+        return package
+
+    def _compiled(self, kind: str, src: Tensor) -> _Package | None:
+        name, sizes = self.KINDS[kind]
+        build = partial(_Package.export, self.decoder, self.eager, [src], [sizes],
+                        options=WIDE_GRAPH if kind == "wide" else GRAPH)
+        return _compile_kept(self.cache, Path(self._directory.name), name, self.NAME, build,
+                             fallback="encoding eagerly")
 
 
 def _load_kept(cache: Path | None, name: str, what: str) -> _Package | None:
@@ -430,8 +457,8 @@ GRAPH = {"freezing": True, "cpp.weight_prepack": False}
 # The library's single-row products (MKL's generic path on an AMD CPU, oneDNN's per-call overhead in bf16) took
 # most of a step's time (docs/performance.md, "One sentence at a time"). Graphs of a batch keep the library's
 # products: there Inductor's GEMMs, and oneDNN's packed products, made greedy decoding of 64 sentences about a tenth
-# slower a token (the Multi30k model, AMD EPYC Zen 4, where MKL's products ran near the core's peak), as did
-# Inductor's GEMMs in a one-sentence encoder, whose source length stays a symbol.
+# slower a token (the Multi30k model, AMD EPYC Zen 4, where MKL's products ran near the core's peak). The encoder of
+# one sentence, its source length a symbol, has them where they measure faster (AheadOfTimeEncoder).
 FIXED_GRAPH = {**GRAPH, "cpp.weight_prepack": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # timings not printed
 # Where oneDNN's products of packed weights beat the library's (compile.py's _packing_pays, timed on the model's

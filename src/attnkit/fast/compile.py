@@ -157,7 +157,7 @@ class CompiledDecoder(nn.Module):
         self._prepare = None  # src -> the state's tensors: the encoder and init_state as one package
         self._encoders: dict[bool, CheckedStep] = {}  # the encoder's package, checked for one sentence (True) or more
         if ahead_of_time:
-            from attnkit.fast.aot import WIDE_SENTENCES, AheadOfTimeEncoder, AheadOfTimeStep, is_wide
+            from attnkit.fast.aot import WIDE_SENTENCES, AheadOfTimeEncoder, AheadOfTimeStep
 
             directory = kept.get((prepack, pack_wide))
             self._search_steps = {name: AheadOfTimeStep(self.decoder, eager_step, fn, self._search_steps[name],
@@ -178,19 +178,21 @@ class CompiledDecoder(nn.Module):
             self._search_steps = {name: CheckedStep(name, self._search_steps[name], partial(fn, eager_step),
                                                     tolerance=tolerance) for name, fn in steps.items()}
             if self._prepare is not None:
-                # one sentence and a batch are checked apart: the encoder's package beat eager encoding threefold
-                # for one sentence and lost to it by a few percent for 64 (AMD EPYC Zen 4), so the first requests'
-                # size would otherwise decide for every later one (a server warmed up with a batch would encode
-                # every single sentence eagerly)
-                # (and a wide batch apart, which has a package of its own)
-                sizes = {"one sentence": "one sentence", "batch": "a batch",
+                # each kind of source is checked apart, as each has a package of its own: the package of a batch
+                # beat eager encoding threefold for one sentence and lost to it by a few percent for 64 (AMD EPYC
+                # Zen 4), so the first requests' size would otherwise decide for every later one (a server warmed
+                # up with a batch would encode every single sentence eagerly). One sentence's package is checked
+                # against encoding it as a batch is encoded: the package it replaces, where there is one
+                names = {"one sentence": "one sentence", "batch": "a batch",
                          **({"wide": f"a batch of {WIDE_SENTENCES} sentences or more"} if pack_wide else {})}
-                self._encoders = {size: CheckedStep(f"encoder of {name}", self._prepare,
-                                                    lambda src: self._aot_encoder.eager(src).tensors(),
-                                                    tolerance=tolerance, compare=close_in_norm)
-                                  for size, name in sizes.items()}
-                self._prepare = lambda src: self._encoders[
-                    "one sentence" if src.size(0) == 1 else "wide" if is_wide(pack_wide, src.size(0)) else "batch"](src)
+                self._encoders = {
+                    kind: CheckedStep(f"encoder of {name}", self._prepare,
+                                      (lambda src: self._aot_encoder.otherwise(src).tensors()) if kind == "one sentence"
+                                      else (lambda src: self._aot_encoder.eager(src).tensors()),
+                                      tolerance=tolerance, compare=close_in_norm,
+                                      against="encoding as a batch" if kind == "one sentence" else "the eager step")
+                    for kind, name in names.items()}
+                self._prepare = lambda src: self._encoders[self._aot_encoder.kind(src)](src)
         self._encode = compile(self.decoder.encode) if encoder else self.decoder.encode
         self._init_state = compile(self.decoder.init_state) if encoder else self.decoder.init_state
         self.step = compile(eager_step)
@@ -256,8 +258,9 @@ class CompiledDecoder(nn.Module):
         failed = [name for name, step in self.checks().items()
                   if isinstance(step.compiled, AheadOfTimeStep) and None in step.compiled.packages.values()]
         encoder = self._aot_encoder
-        if encoder is not None and encoder.tried and encoder.package is None:
-            failed += [check.name for check in self._encoders.values()]
+        if encoder is not None:
+            failed += [check.name for kind, check in self._encoders.items()
+                       if kind in encoder.packages and encoder.packages[kind] is None]
         return failed
 
     def seal(self) -> list[str]:
@@ -317,8 +320,9 @@ class _EagerForWeights:
 
 class CheckedStep:
     """A compiled search step that must earn its place. Its first ``warmup`` calls run it alone (they compile);
-    the next ``trials`` calls run it (twice: the second call is timed) and ``eager`` (the same step, uncompiled)
-    on the same inputs and answer with the eager outputs. If the compiled step failed, gave other outputs (choices
+    the next ``trials`` calls run it (twice: the second call is timed) and ``eager`` (the same step, uncompiled, or
+    whatever else would run in its place: ``against`` names it) on the same inputs and answer with the eager
+    outputs. If the compiled step failed, gave other outputs (choices
     that differ, or scores beyond ``tolerance``, in what the search reads: ``compare``, by default
     :func:`same_outputs`; the next states are not compared), or took longer per call (median) than the eager one,
     every later call runs the eager step, and one line on stderr says why; otherwise the compiled step runs from
@@ -328,8 +332,8 @@ class CheckedStep:
     decoding, and nothing else would notice."""
 
     def __init__(self, name: str, compiled, eager, warmup: int = 4, trials: int = 6, tolerance: float = 1e-3,
-                 compare=None):
-        self.name, self.compiled, self.eager = name, compiled, eager
+                 compare=None, against: str = "the eager step"):
+        self.name, self.compiled, self.eager, self.against = name, compiled, eager, against
         self.warmup, self.trials, self.tolerance = warmup, trials, tolerance
         self.compare = same_outputs if compare is None else compare  # (ours, theirs, tolerance) -> agree
         self.calls, self.times, self.chosen, self.reason = 0, ([], []), None, None
@@ -358,19 +362,19 @@ class CheckedStep:
         self.times[0].append(middle - start)
         self.times[1].append(end - middle)
         if not self.compare(ours, theirs, self.tolerance):
-            self._decide("gave other outputs than the eager step")
+            self._decide(f"gave other outputs than {self.against}")
         elif len(self.times[0]) >= self.trials:
             compiled, eager = (sorted(t)[len(t) // 2] for t in self.times)
             if compiled >= eager:
-                self._decide(f"took {compiled * 1e3:.2f} ms a call against the eager step's {eager * 1e3:.2f} ms")
+                self._decide(f"took {compiled * 1e3:.2f} ms a call where {self.against} took {eager * 1e3:.2f} ms")
             else:
                 self.chosen = self.compiled
         return theirs
 
     def _decide(self, why: str) -> None:
         self.chosen, self.reason = self.eager, why
-        print(f"attnkit: warning: the compiled {self.name} {why} on the first batches; decoding with the eager "
-              "step", file=sys.stderr, flush=True)
+        print(f"attnkit: warning: the compiled {self.name} {why} on the first batches; {self.against} runs "
+              "instead", file=sys.stderr, flush=True)
 
 
 def same_outputs(a, b, tolerance: float) -> bool:
