@@ -155,7 +155,7 @@ class CompiledDecoder(nn.Module):
                               for name, fn in steps.items()}
         self._aot_encoder = None
         self._prepare = None  # src -> the state's tensors: the encoder and init_state as one package
-        self._encoders: dict[bool, CheckedStep] = {}  # the encoder's package, checked for one sentence (True) or more
+        self._encoders: dict[str, CheckedStep] = {}  # the encoder's packages, checked by kind of source
         if ahead_of_time:
             from attnkit.fast.aot import WIDE_SENTENCES, AheadOfTimeEncoder, AheadOfTimeStep
 
@@ -322,11 +322,10 @@ class CheckedStep:
     """A compiled search step that must earn its place. Its first ``warmup`` calls run it alone (they compile);
     the next ``trials`` calls run it (twice: the second call is timed) and ``eager`` (the same step, uncompiled, or
     whatever else would run in its place: ``against`` names it) on the same inputs and answer with the eager
-    outputs. If the compiled step failed, gave other outputs (choices
-    that differ, or scores beyond ``tolerance``, in what the search reads: ``compare``, by default
-    :func:`same_outputs`; the next states are not compared), or took longer per call (median) than the eager one,
-    every later call runs the eager step, and one line on stderr says why; otherwise the compiled step runs from
-    then on.
+    outputs. If the compiled step failed, gave other outputs (choices that differ, or scores beyond ``tolerance``,
+    in what the search reads: ``compare``, by default :func:`same_outputs`; the next states are not compared), or
+    took longer per call (median) than the eager one, every later call runs the eager step, and one line on stderr
+    says why; otherwise the compiled step runs from then on.
 
     Compiling is a bet that can lose: on some CPUs the lowering falls back to graphs far slower than eager
     decoding, and nothing else would notice."""
