@@ -24,6 +24,7 @@ from attnkit.decode import generate, max_lengths
 from attnkit.fast import TRAINING, TRICKS, FastDecoder, ranking, reference, use
 from attnkit.fast.decoding import GroupedDecoderState, ReorderedKVCache
 from attnkit.fast.dropout import Dropout16
+from attnkit.fast.linear import OneDNNLinear
 from attnkit.models import BOS, PAD, ConvTransformer, RNNSearch, TransformerLM
 from attnkit.nn import KVCache, MultiHeadAttention, label_smoothed_nll, reference_attention
 from conftest import make_model, random_src, tiny_model_config, toy_trained_model
@@ -113,18 +114,21 @@ def _count_calls(monkeypatch, module, name: str) -> list:
 def test_every_trick_is_named_in_the_config_and_tested_here():
     assert config.FAST_TRICKS == tuple(attnkit.fast.TRICKS)
     # a new trick needs its test here: these are the names this file checks against the core
-    assert tuple(TRICKS) == ("dropout16", "fused_loss", "fused_attention", "decoding_attention")
+    assert tuple(TRICKS) == ("dropout16", "fused_loss", "fused_attention", "decoding_attention", "onednn_linear")
     assert set(TRAINING) <= set(TRICKS)
     assert config.TrainConfig().fast == TRAINING
     with pytest.raises(ValueError, match="unknown fast-runtime trick"):
         use(make_model(), "fused_attention", "warp_speed")
 
 
-def test_use_installs_in_place_and_reference_undoes_every_trick():
+def test_use_installs_in_place_and_reference_undoes_every_trick(monkeypatch):
     """``use`` changes how the model computes, never its weights or checkpoint; ``reference`` gives the core back."""
+    monkeypatch.setattr("attnkit.fast.runtime.onednn_pays", lambda weights: True)  # as where oneDNN is faster
     core = make_model(dropout=0.1, activation_dropout=0.1)
     model = copy.deepcopy(core)
     assert use(model, *TRICKS) is model
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is OneDNNLinear for m in linears)
     drops = [m for m in model.modules() if isinstance(m, (nn.Dropout, Dropout16))]
     assert drops and all(type(m) is Dropout16 and m.p == 0.1 for m in drops)
     kernels = [m.kernel for m in model.modules() if isinstance(m, MultiHeadAttention)]
@@ -145,6 +149,62 @@ def test_use_installs_in_place_and_reference_undoes_every_trick():
     src, tgt = random_src(LENGTHS, seed=1), random_src([4, 4, 4, 4], seed=2)
     with torch.no_grad():
         assert torch.equal(model(src, tgt).logits, core(src, tgt).logits)
+
+
+# --- "onednn_linear"
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(37, 24), (3, 11, 24)])
+def test_onednn_linear_equals_nn_linear_with_gradients(bias, shape):
+    """The same outputs and gradients (input, weight, bias) as ``nn.Linear``, over the same parameters and state
+    dict; without autograd, and under bf16 autocast, it is ``nn.Linear`` (the same bits)."""
+    torch.manual_seed(0)
+    core = nn.Linear(24, 40, bias=bias)
+    fast = OneDNNLinear.of(copy.deepcopy(core))
+    assert fast.state_dict().keys() == core.state_dict().keys()
+    x = torch.randn(*shape, requires_grad=True)
+    x_fast = x.detach().clone().requires_grad_()
+    out, out_fast = core(x), fast(x_fast)
+    torch.testing.assert_close(out_fast, out, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    out_fast.backward(grad)
+    torch.testing.assert_close(x_fast.grad, x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast.weight.grad, core.weight.grad, rtol=1e-5, atol=1e-4)
+    if bias:
+        torch.testing.assert_close(fast.bias.grad, core.bias.grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(fast(x), core(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(fast(x), core(x)) and fast(x).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_onednn_linear_installs_only_where_it_measures_faster(pays, monkeypatch):
+    """Installed over the layers' own parameters (an optimizer holding them keeps training them) where oneDNN's
+    products measure faster on the model's weight shapes, else the model is left as it is; a model with the trick
+    trains a step as the core does."""
+    timed = []
+    monkeypatch.setattr("attnkit.fast.runtime.onednn_pays", lambda weights: timed.append(weights) or pays)
+    core = make_model()
+    model = copy.deepcopy(core)
+    parameters = list(model.parameters())
+    use(model, "onednn_linear")
+    assert len(timed) == 1 and {tuple(w.shape) for w in timed[0]} == {
+        tuple(m.weight.shape) for m in core.modules() if type(m) is nn.Linear}
+    assert all(a is b for a, b in zip(model.parameters(), parameters, strict=True))
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert all((type(m) is OneDNNLinear) == pays for m in linears)
+    src, tgt = random_src(LENGTHS, seed=1), random_src([4, 4, 4, 4], seed=2)
+    losses = []
+    for m in (core, model):
+        loss = m(src, tgt).logits.float().logsumexp(-1).mean()
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(model.parameters(), core.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
 
 
 # --- "fused_loss"

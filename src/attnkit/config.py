@@ -291,7 +291,7 @@ class TrainConfig:
     class_weights: str = "none"  # classification: none | balanced (n / (classes * count), scikit-learn's)
     threads: int = 0  # 0: the command line picks (attnkit.threads: idle cores); Python code keeps torch's
     # the fast runtime's tricks the model trains with (attnkit.fast.use), by name; [] trains the core as it reads
-    fast: tuple[str, ...] = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")
+    fast: tuple[str, ...] = ("dropout16", "fused_loss", "fused_attention", "decoding_attention", "onednn_linear")
     parallel: str = "ddp"  # under torchrun: ddp (replicas) | fsdp (parameters, gradients, Adam moments sharded)
     device: str = "auto"  # auto (CUDA when there is one) | cpu | cuda; under torchrun, GPU LOCAL_RANK
     # fp32 | bf16 | fp16: mixed precision (autocast; fp16 with loss scaling) on CUDA; on a CPU bf16 only, where it
@@ -499,7 +499,8 @@ _CHOICES = {
     ("train", "device"): ("auto", "cpu", "cuda"),
     ("train", "precision"): ("fp32", "bf16", "fp16", "auto"),
 }
-FAST_TRICKS = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")  # attnkit.fast.runtime.TRICKS
+FAST_TRICKS = ("dropout16", "fused_loss", "fused_attention", "decoding_attention",
+               "onednn_linear")  # attnkit.fast.runtime.TRICKS
 
 
 def validate(cfg: ExperimentConfig, where: str = "config") -> None:

@@ -246,7 +246,7 @@ class CompiledDecoder(nn.Module):
 
     def checks(self) -> dict[str, CheckedStep]:
         """The compiled steps that are checked against their eager versions (``check``), by name: the search steps,
-        and the encoder's package for one sentence and for a batch."""
+        and the encoder's packages, one for each kind of source (one sentence, a batch, a wide batch)."""
         steps = [s for s in self._search_steps.values() if isinstance(s, CheckedStep)]
         return {s.name: s for s in [*steps, *self._encoders.values()]}
 

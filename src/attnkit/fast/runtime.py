@@ -11,6 +11,9 @@ the same, which the tests check trick by trick against the core):
   products over short keys and PyTorch's ``scaled_dot_product_attention`` over long ones
   (:func:`attnkit.fast.attention.teacher_forced_attention`).
 * ``"decoding_attention"``: two batched matrix products for a decoding step's single query per row.
+* ``"onednn_linear"``: every ``nn.Linear`` a :class:`~attnkit.fast.linear.OneDNNLinear` (fp32 products by oneDNN,
+  forward and backward), where those measure faster than PyTorch's on this machine for the model's own weight
+  shapes (:func:`~attnkit.fast.linear.onednn_pays`); else nothing changes.
 
 Decoding tricks that need a decoder of their own (grouped beams, chunked ranking, compiled steps) are in
 :mod:`attnkit.fast.decoding` and :mod:`attnkit.fast.compile`.
@@ -22,10 +25,11 @@ from torch import nn
 
 from attnkit.fast.attention import make_kernel
 from attnkit.fast.dropout import Dropout16
+from attnkit.fast.linear import OneDNNLinear, onednn_pays
 from attnkit.fast.loss import projected_smoothed_cross_entropy
 from attnkit.nn.attention import MultiHeadAttention, reference_attention
 
-TRAINING = ("dropout16", "fused_loss", "fused_attention", "decoding_attention")
+TRAINING = ("dropout16", "fused_loss", "fused_attention", "decoding_attention", "onednn_linear")
 """What ``attnkit train`` and the recipes run (decoding attention serves their validation BLEU)."""
 
 
@@ -55,11 +59,26 @@ def _attention(fused: bool | None = None, decoding: bool | None = None):
     return install
 
 
+def _linear_layers(model: nn.Module):
+    """(parent, name, layer) for every ``nn.Linear`` child of ``model``."""
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if isinstance(child, nn.Linear)]
+
+
+def _onednn_linear(model: nn.Module) -> None:
+    layers = [(p, n, c) for p, n, c in _linear_layers(model) if type(c) is nn.Linear]
+    shapes = {tuple(c.weight.shape): c.weight for _, _, c in layers if c.weight.dtype.is_floating_point}
+    if layers and onednn_pays(list(shapes.values())):
+        for parent, name, child in layers:
+            setattr(parent, name, OneDNNLinear.of(child))
+
+
 TRICKS = {
     "dropout16": _dropout16,
     "fused_loss": _fused_loss,
     "fused_attention": _attention(fused=True),
     "decoding_attention": _attention(decoding=True),
+    "onednn_linear": _onednn_linear,
 }
 
 
@@ -73,7 +92,13 @@ def use(model: nn.Module, *names: str) -> nn.Module:
 
 
 def reference(model: nn.Module) -> nn.Module:
-    """Undo every trick of :func:`use`: the core's dropout, loss and attention again (in place; returns it)."""
+    """Undo every trick of :func:`use`: the core's dropout, loss, attention and linear layers again (in place;
+    returns it)."""
+    for parent, name, child in _linear_layers(model):
+        if isinstance(child, OneDNNLinear):
+            plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+            plain.weight, plain.bias = child.weight, child.bias
+            setattr(parent, name, plain.train(child.training))
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if isinstance(child, Dropout16):
