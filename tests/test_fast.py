@@ -180,6 +180,19 @@ def test_onednn_linear_equals_nn_linear_with_gradients(bias, shape):
         assert torch.equal(fast(x), core(x)) and fast(x).dtype == torch.bfloat16
 
 
+def test_timing_onednn_leaves_the_random_stream_alone():
+    from attnkit.fast.linear import onednn_pays
+
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    onednn_pays([torch.randn(8, 4)], rows=16, repeats=1)
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    onednn_pays([torch.ones(8, 4)], rows=16, repeats=1)
+    assert torch.equal(torch.get_rng_state(), state) and torch.equal(torch.rand(4), expected)
+
+
 @pytest.mark.parametrize("pays", [True, False])
 def test_onednn_linear_installs_only_where_it_measures_faster(pays, monkeypatch):
     """Installed over the layers' own parameters (an optimizer holding them keeps training them) where oneDNN's

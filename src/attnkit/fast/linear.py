@@ -70,7 +70,8 @@ def onednn_pays(weights: list[Tensor], rows: int = 1024, repeats: int = 5) -> bo
     ``rows`` rows on this machine: the better of three timings of ``repeats`` rounds of every product each way."""
     if not torch.backends.mkldnn.is_available():
         return False
-    xs = [torch.randn(rows, w.size(1)) for w in weights]
+    generator = torch.Generator().manual_seed(0)  # the caller's random stream is left as it was
+    xs = [torch.randn(rows, w.size(1), generator=generator) for w in weights]
     weights = [w.detach().float() for w in weights]
 
     def best(product) -> float:
