@@ -24,7 +24,7 @@ from attnkit.decode import generate, max_lengths
 from attnkit.fast import TRAINING, TRICKS, FastDecoder, ranking, reference, use
 from attnkit.fast.decoding import GroupedDecoderState, ReorderedKVCache
 from attnkit.fast.dropout import Dropout16
-from attnkit.fast.linear import OneDNNLinear
+from attnkit.fast.linear import OneDNNLinear, relinked
 from attnkit.models import BOS, PAD, ConvTransformer, RNNSearch, TransformerLM
 from attnkit.nn import KVCache, MultiHeadAttention, label_smoothed_nll, reference_attention
 from conftest import make_model, random_src, tiny_model_config, toy_trained_model
@@ -161,7 +161,7 @@ def test_onednn_linear_equals_nn_linear_with_gradients(bias, shape):
     dict; without autograd, and under bf16 autocast, it is ``nn.Linear`` (the same bits)."""
     torch.manual_seed(0)
     core = nn.Linear(24, 40, bias=bias)
-    fast = OneDNNLinear.of(copy.deepcopy(core))
+    fast = relinked(OneDNNLinear, copy.deepcopy(core))
     assert fast.state_dict().keys() == core.state_dict().keys()
     x = torch.randn(*shape, requires_grad=True)
     x_fast = x.detach().clone().requires_grad_()

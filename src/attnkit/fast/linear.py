@@ -49,13 +49,6 @@ class OneDNNLinear(nn.Linear):
     oneDNN's while autograd records; elsewhere (no autograd, autocast, another device or dtype, a compiled graph)
     it is ``nn.Linear``."""
 
-    @classmethod
-    def of(cls, linear: nn.Linear) -> OneDNNLinear:
-        """A layer over ``linear``'s own parameters (an optimizer that holds them keeps working)."""
-        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-        layer.weight, layer.bias = linear.weight, linear.bias
-        return layer.train(linear.training)
-
     def forward(self, x: Tensor) -> Tensor:
         if (not torch.is_grad_enabled() or not x.is_cpu or x.dtype != torch.float32
                 or self.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
@@ -63,6 +56,14 @@ class OneDNNLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.size(-1))
         return _OneDNNLinearFunction.apply(rows, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
+
+
+def relinked(kind: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
+    """A ``kind`` layer (``nn.Linear`` or :class:`OneDNNLinear`) over ``linear``'s own parameters: an optimizer that
+    holds them keeps training them."""
+    layer = kind(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+    layer.weight, layer.bias = linear.weight, linear.bias
+    return layer.train(linear.training)
 
 
 def onednn_pays(weights: list[Tensor], rows: int = 1024, repeats: int = 5) -> bool:

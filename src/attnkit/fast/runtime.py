@@ -25,7 +25,7 @@ from torch import nn
 
 from attnkit.fast.attention import make_kernel
 from attnkit.fast.dropout import Dropout16
-from attnkit.fast.linear import OneDNNLinear, onednn_pays
+from attnkit.fast.linear import OneDNNLinear, onednn_pays, relinked
 from attnkit.fast.loss import projected_smoothed_cross_entropy
 from attnkit.nn.attention import MultiHeadAttention, reference_attention
 
@@ -70,7 +70,7 @@ def _onednn_linear(model: nn.Module) -> None:
     shapes = {tuple(c.weight.shape): c.weight for _, _, c in layers if c.weight.dtype.is_floating_point}
     if layers and onednn_pays(list(shapes.values())):
         for parent, name, child in layers:
-            setattr(parent, name, OneDNNLinear.of(child))
+            setattr(parent, name, relinked(OneDNNLinear, child))
 
 
 TRICKS = {
@@ -96,9 +96,7 @@ def reference(model: nn.Module) -> nn.Module:
     returns it)."""
     for parent, name, child in _linear_layers(model):
         if isinstance(child, OneDNNLinear):
-            plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
-            plain.weight, plain.bias = child.weight, child.bias
-            setattr(parent, name, plain.train(child.training))
+            setattr(parent, name, relinked(nn.Linear, child))
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if isinstance(child, Dropout16):
