@@ -24,7 +24,7 @@ from attnkit.decode import generate, max_lengths
 from attnkit.fast import TRAINING, TRICKS, FastDecoder, ranking, reference, use
 from attnkit.fast.decoding import GroupedDecoderState, ReorderedKVCache
 from attnkit.fast.dropout import Dropout16
-from attnkit.fast.linear import OneDNNLinear, relinked
+from attnkit.fast.linear import OneDNNLinear, onednn_linear, relinked
 from attnkit.models import BOS, PAD, ConvTransformer, RNNSearch, TransformerLM
 from attnkit.nn import KVCache, MultiHeadAttention, label_smoothed_nll, reference_attention
 from conftest import make_model, random_src, tiny_model_config, toy_trained_model
@@ -133,6 +133,7 @@ def test_use_installs_in_place_and_reference_undoes_every_trick(monkeypatch):
     assert drops and all(type(m) is Dropout16 and m.p == 0.1 for m in drops)
     kernels = [m.kernel for m in model.modules() if isinstance(m, MultiHeadAttention)]
     assert kernels and all(k.fused and k.decoding for k in kernels)
+    assert all(m.linear is onednn_linear for m in model.modules() if isinstance(m, MultiHeadAttention))
     assert model.projected_loss is attnkit.fast.loss.projected_smoothed_cross_entropy
     assert model.state_dict().keys() == core.state_dict().keys()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), core.state_dict().values()))
@@ -145,6 +146,7 @@ def test_use_installs_in_place_and_reference_undoes_every_trick(monkeypatch):
     assert not any(isinstance(m, Dropout16) for m in model.modules())
     assert [type(m) for m in model.modules()] == [type(m) for m in core.modules()]
     assert all(m.kernel is reference_attention for m in model.modules() if isinstance(m, MultiHeadAttention))
+    assert all("linear" not in m.__dict__ for m in model.modules() if isinstance(m, MultiHeadAttention))
     assert all("projected_loss" not in m.__dict__ for m in model.modules())
     src, tgt = random_src(LENGTHS, seed=1), random_src([4, 4, 4, 4], seed=2)
     with torch.no_grad():
@@ -203,12 +205,19 @@ def test_onednn_linear_installs_only_where_it_measures_faster(pays, monkeypatch)
     core = make_model()
     model = copy.deepcopy(core)
     parameters = list(model.parameters())
-    use(model, "onednn_linear")
+    choices = {}
+    use(model, "onednn_linear", choices=choices)
     assert len(timed) == 1 and {tuple(w.shape) for w in timed[0]} == {
         tuple(m.weight.shape) for m in core.modules() if type(m) is nn.Linear}
+    assert choices == {"onednn_linear": pays}  # recorded, for a resumed run to follow
+    other = use(copy.deepcopy(core), "onednn_linear", choices={"onednn_linear": not pays})
+    assert len(timed) == 1  # a decision given is followed, not timed
+    assert all((type(m) is OneDNNLinear) != pays for m in other.modules() if isinstance(m, nn.Linear))
     assert all(a is b for a, b in zip(model.parameters(), parameters, strict=True))
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert all((type(m) is OneDNNLinear) == pays for m in linears)
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert attentions and all((m.linear is onednn_linear) == pays for m in attentions)  # cross-attention's slices
     src, tgt = random_src(LENGTHS, seed=1), random_src([4, 4, 4, 4], seed=2)
     losses = []
     for m in (core, model):
@@ -221,6 +230,61 @@ def test_onednn_linear_installs_only_where_it_measures_faster(pays, monkeypatch)
 
 
 # --- "fused_loss"
+
+
+@pytest.mark.parametrize("products", ["PYTORCH", "ONEDNN"])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_fused_loss_block_by_block_equals_the_core_loss(products, eps, monkeypatch):
+    """Rows in blocks (here 64, 64 and 22), with either library's products: the loss, NLL and gradients (hidden
+    states and weight, scaled by the loss's own gradient) of the core's projection + ``label_smoothed_nll``; a
+    padding target's row gets no gradient."""
+    from attnkit.fast import loss as fast_loss
+    from attnkit.nn.loss import projected_label_smoothed_nll
+
+    monkeypatch.setattr(fast_loss, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(fast_loss, "products_for", lambda n_vocab, d_model: getattr(fast_loss, products))
+    assert fast_loss.chunk_rows(50) == 64
+    g = torch.Generator().manual_seed(8)
+    hidden = torch.randn(6, 26, 16, generator=g)
+    weight = torch.randn(50, 16, generator=g) / 2
+    target = torch.randint(1, 50, (6, 26), generator=g)
+    target[-1, -5:] = PAD  # 151 rows, 150 kept
+    inputs = [(hidden.clone().requires_grad_(), weight.clone().requires_grad_()) for _ in range(2)]
+    (h1, w1), (h2, w2) = inputs
+    loss, nll = fast_loss.projected_smoothed_cross_entropy(h1, w1, target, eps)
+    ref_loss, ref_nll = projected_label_smoothed_nll(h2, w2, target, eps)
+    (0.7 * loss).backward()
+    (0.7 * ref_loss).backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-5)
+    assert torch.all(h1.grad[-1, -5:] == 0)
+
+
+def test_fused_loss_times_its_products_once_and_follows_a_choice_given(monkeypatch):
+    """The library of the fused loss's products is chosen by timing once a shape, on a generator of its own (the
+    random stream untouched); a choice given (a resumed run's) replaces it, and installing the trick records it."""
+    from attnkit.fast import loss as fast_loss
+
+    monkeypatch.setattr(fast_loss, "_CHOSEN", {})
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    onednn = fast_loss.choose_products(300, 8)
+    assert torch.equal(torch.rand(4), expected)
+    assert fast_loss.products_for(300, 8) is (fast_loss.ONEDNN if onednn else fast_loss.PYTORCH)
+    monkeypatch.setattr(fast_loss, "_onednn_faster", lambda n_vocab, d_model: pytest.fail("timed again"))
+    assert fast_loss.choose_products(300, 8) == onednn  # kept, not timed again
+    assert fast_loss.choose_products(300, 8, onednn=not onednn) == (not onednn)
+    assert fast_loss.products_for(300, 8) is (fast_loss.PYTORCH if onednn else fast_loss.ONEDNN)
+
+    model = make_model(share_embeddings=True)
+    for given in (True, False):
+        choices = {"onednn_loss": given}
+        use(model, "fused_loss", choices=choices)
+        assert choices == {"onednn_loss": given}
+        assert fast_loss.products_for(*model.output.weight.shape) is (fast_loss.ONEDNN if given else fast_loss.PYTORCH)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])

@@ -514,6 +514,35 @@ def test_resume_is_exact(tmp_path, n_pairs, max_tokens, n):
             assert torch.equal(sa[i][name], sb[i][name]), (i, name)
 
 
+def test_a_resumed_run_follows_the_timed_decisions_of_its_first_process(tmp_path, monkeypatch):
+    """train.fast's tricks that time what pays on the machine decide once per run: a resumed process that would
+    decide otherwise installs what the run's first process decided (kept in its progress), over the same
+    parameters the optimizer holds, so that it computes the same bits."""
+    from attnkit.fast.linear import OneDNNLinear, onednn_linear
+    from attnkit.nn import MultiHeadAttention
+
+    pairs, valid = generate_dates(60, seed=0), generate_dates(10, seed=1)
+    monkeypatch.setattr("attnkit.fast.runtime.onednn_pays", lambda weights: True)
+    first = Trainer(tiny_experiment(max_steps=2, save_every=2), tmp_path / "A", train_pairs=pairs, valid_pairs=valid)
+    assert "onednn_linear" in first.cfg.train.fast
+    first.train()
+    kept = json.loads((tmp_path / "A" / "checkpoints" / "last" / "meta.json").read_text())["progress"]["fast"]
+    assert kept["onednn_linear"] is True and set(kept) == {"onednn_linear", "onednn_loss"}
+
+    monkeypatch.setattr("attnkit.fast.runtime.onednn_pays", lambda weights: False)  # this machine now says no
+    resumed = Trainer(tiny_experiment(max_steps=4), tmp_path / "A", train_pairs=pairs, valid_pairs=valid)
+    linears = lambda: [m for m in resumed.model.modules() if isinstance(m, torch.nn.Linear)]  # noqa: E731
+    assert not any(isinstance(m, OneDNNLinear) for m in linears())
+    resumed.resume(tmp_path / "A")
+    assert linears() and all(type(m) is OneDNNLinear for m in linears())
+    assert all(m.linear is onednn_linear for m in resumed.model.modules() if isinstance(m, MultiHeadAttention))
+    assert resumed.progress.fast == kept == resumed.fast_choices
+    held = {id(p) for group in resumed.optimizer.param_groups for p in group["params"]}
+    assert held == {id(p) for p in resumed.model.parameters()}
+    resumed.train()
+    assert resumed.progress.step == 4
+
+
 def test_read_metrics_drops_what_a_killed_run_logged_after_its_checkpoint(tmp_path):
     killed = [{"step": s, "train_nll": 9.0 - s} for s in (1, 2, 3, 4, 5)] + [{"step": 4, "valid_loss": 5.0}]
     resumed = [{"step": 4, "resumed_from": "step-4"}, {"step": 5, "train_nll": 1.0}, {"step": 6, "train_nll": 0.5}]

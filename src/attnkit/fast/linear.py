@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def onednn_product(x: Tensor, weight: Tensor) -> Tensor:
-    """``x W^T`` by oneDNN: x [M, K], weight [N, K] -> [M, N]."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight.contiguous(), None, "none", [], "")
+def onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x W^T (+ b)`` by oneDNN: x [M, K], weight [N, K], bias [N] -> [M, N]."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight.contiguous(), bias, "none", [], "")
 
 
 class _OneDNNLinearFunction(torch.autograd.Function):
@@ -31,8 +31,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        out = onednn_product(x, weight)
-        return out if bias is None else out.add_(bias)
+        return onednn_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -44,18 +43,23 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` (x [..., K], weight [N, K]) whose fp32 products on the CPU, forward and
+    backward, are oneDNN's while autograd records; elsewhere (no autograd, autocast, another device or dtype, a
+    compiled graph) ``F.linear`` itself."""
+    if (not torch.is_grad_enabled() or not x.is_cpu or x.dtype != torch.float32
+            or weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
+            or torch.compiler.is_compiling()):
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.size(-1))
+    return _OneDNNLinearFunction.apply(rows, weight, bias).view(*x.shape[:-1], weight.size(0))
+
+
 class OneDNNLinear(nn.Linear):
-    """``nn.Linear`` (the same parameters and state dict) whose fp32 products on the CPU, forward and backward, are
-    oneDNN's while autograd records; elsewhere (no autograd, autocast, another device or dtype, a compiled graph)
-    it is ``nn.Linear``."""
+    """``nn.Linear`` (the same parameters and state dict) computing :func:`onednn_linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if (not torch.is_grad_enabled() or not x.is_cpu or x.dtype != torch.float32
-                or self.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
-                or torch.compiler.is_compiling()):
-            return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.size(-1))
-        return _OneDNNLinearFunction.apply(rows, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
+        return onednn_linear(x, self.weight, self.bias)
 
 
 def relinked(kind: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
@@ -66,24 +70,26 @@ def relinked(kind: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
     return layer.train(linear.training)
 
 
-def onednn_pays(weights: list[Tensor], rows: int = 1024, repeats: int = 5) -> bool:
-    """Whether oneDNN's products ``x W^T`` beat PyTorch's (``F.linear``) for ``weights`` ([N, K] each, fp32) at
-    ``rows`` rows on this machine: the better of three timings of ``repeats`` rounds of every product each way."""
+def onednn_pays(weights: list[Tensor], rows: int = 1024, repeats: int = 3) -> bool:
+    """Whether training products by oneDNN (``y = x W^T``, ``dx`` and ``dW``: :class:`_OneDNNLinearFunction`) beat
+    PyTorch's (``F.linear`` and its backward) for ``weights`` ([N, K] each, fp32) at ``rows`` rows on this machine:
+    the better of three timings of ``repeats`` rounds of every layer's forward and backward each way."""
     if not torch.backends.mkldnn.is_available():
         return False
     generator = torch.Generator().manual_seed(0)  # the caller's random stream is left as it was
-    xs = [torch.randn(rows, w.size(1), generator=generator) for w in weights]
-    weights = [w.detach().float() for w in weights]
+    xs = [torch.randn(rows, w.size(1), generator=generator).requires_grad_() for w in weights]
+    grads = [torch.randn(rows, w.size(0), generator=generator) for w in weights]
+    weights = [w.detach().float().clone().requires_grad_() for w in weights]
 
-    def best(product) -> float:
+    def best(linear) -> float:
         times = []
         for _ in range(4):  # the first a warm-up: oneDNN makes its kernel for each new shape
             start = time.perf_counter()
             for _ in range(repeats):
-                for x, w in zip(xs, weights):
-                    product(x, w)
+                for x, w, grad in zip(xs, weights, grads):
+                    linear(x, w, None).backward(grad)
             times.append(time.perf_counter() - start)
         return min(times[1:])
 
-    with torch.no_grad():
-        return best(onednn_product) < best(F.linear)
+    with torch.enable_grad():
+        return best(_OneDNNLinearFunction.apply) < best(F.linear)

@@ -11,9 +11,15 @@ the same, which the tests check trick by trick against the core):
   products over short keys and PyTorch's ``scaled_dot_product_attention`` over long ones
   (:func:`attnkit.fast.attention.teacher_forced_attention`).
 * ``"decoding_attention"``: two batched matrix products for a decoding step's single query per row.
-* ``"onednn_linear"``: every ``nn.Linear`` a :class:`~attnkit.fast.linear.OneDNNLinear` (fp32 products by oneDNN,
-  forward and backward), where those measure faster than PyTorch's on this machine for the model's own weight
-  shapes (:func:`~attnkit.fast.linear.onednn_pays`); else nothing changes.
+* ``"onednn_linear"``: every ``nn.Linear`` a :class:`~attnkit.fast.linear.OneDNNLinear` and cross-attention's
+  projections :func:`~attnkit.fast.linear.onednn_linear` (fp32 products by oneDNN, forward and backward), where
+  those measure faster than PyTorch's on this machine for the model's own weight shapes
+  (:func:`~attnkit.fast.linear.onednn_pays`); else nothing changes.
+
+Two of them decide by timing whether they pay on this machine: ``"onednn_linear"`` (recorded as "onednn_linear")
+and ``"fused_loss"`` (which library multiplies its blocks: "onednn_loss"). ``use(..., choices=...)`` follows the
+decisions given there and writes those it makes into it: the Trainer keeps them in the run's progress, so that a
+resumed run computes as its first run did, bit for bit.
 
 Decoding tricks that need a decoder of their own (grouped beams, chunked ranking, compiled steps) are in
 :mod:`attnkit.fast.decoding` and :mod:`attnkit.fast.compile`.
@@ -25,29 +31,32 @@ from torch import nn
 
 from attnkit.fast.attention import make_kernel
 from attnkit.fast.dropout import Dropout16
-from attnkit.fast.linear import OneDNNLinear, onednn_pays, relinked
-from attnkit.fast.loss import projected_smoothed_cross_entropy
+from attnkit.fast.linear import OneDNNLinear, onednn_linear, onednn_pays, relinked
+from attnkit.fast.loss import choose_products, projected_smoothed_cross_entropy
 from attnkit.nn.attention import MultiHeadAttention, reference_attention
 
 TRAINING = ("dropout16", "fused_loss", "fused_attention", "decoding_attention", "onednn_linear")
 """What ``attnkit train`` and the recipes run (decoding attention serves their validation BLEU)."""
 
 
-def _dropout16(model: nn.Module) -> None:
+def _dropout16(model: nn.Module, choices: dict[str, bool]) -> None:
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if type(child) is nn.Dropout:
                 setattr(parent, name, Dropout16(child.p).train(child.training))
 
 
-def _fused_loss(model: nn.Module) -> None:
+def _fused_loss(model: nn.Module, choices: dict[str, bool]) -> None:
     for module in model.modules():
         if hasattr(type(module), "projected_loss"):  # the loss slot a model declares
             module.projected_loss = projected_smoothed_cross_entropy
+            output = getattr(module, "output", None)  # the projection the slot is called with
+            if isinstance(output, nn.Linear):
+                choices["onednn_loss"] = choose_products(*output.weight.shape, onednn=choices.get("onednn_loss"))
 
 
 def _attention(fused: bool | None = None, decoding: bool | None = None):
-    def install(model: nn.Module) -> None:
+    def install(model: nn.Module, choices: dict[str, bool]) -> None:
         for module in model.modules():
             if isinstance(module, MultiHeadAttention):
                 current = module.kernel
@@ -65,12 +74,19 @@ def _linear_layers(model: nn.Module):
             if isinstance(child, nn.Linear)]
 
 
-def _onednn_linear(model: nn.Module) -> None:
+def _onednn_linear(model: nn.Module, choices: dict[str, bool]) -> None:
     layers = [(p, n, c) for p, n, c in _linear_layers(model) if type(c) is nn.Linear]
-    shapes = {tuple(c.weight.shape): c.weight for _, _, c in layers}  # timed once a shape
-    if layers and onednn_pays(list(shapes.values())):
+    if not layers:
+        return
+    if "onednn_linear" not in choices:
+        shapes = {tuple(c.weight.shape): c.weight for _, _, c in layers}  # timed once a shape
+        choices["onednn_linear"] = onednn_pays(list(shapes.values()))
+    if choices["onednn_linear"]:
         for parent, name, child in layers:
             setattr(parent, name, relinked(OneDNNLinear, child))
+        for module in model.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.linear = onednn_linear
 
 
 TRICKS = {
@@ -82,12 +98,14 @@ TRICKS = {
 }
 
 
-def use(model: nn.Module, *names: str) -> nn.Module:
-    """Install the tricks ``names`` on ``model``, in place; returns it."""
+def use(model: nn.Module, *names: str, choices: dict[str, bool] | None = None) -> nn.Module:
+    """Install the tricks ``names`` on ``model``, in place; returns it. ``choices``: decisions the timed tricks
+    follow instead of timing, and into which they write the decisions they make."""
+    choices = {} if choices is None else choices
     for name in names:
         if name not in TRICKS:
             raise ValueError(f"unknown fast-runtime trick {name!r} (one of {', '.join(TRICKS)})")
-        TRICKS[name](model)
+        TRICKS[name](model, choices)
     return model
 
 
@@ -103,6 +121,7 @@ def reference(model: nn.Module) -> nn.Module:
                 setattr(parent, name, nn.Dropout(child.p).train(child.training))
         if isinstance(parent, MultiHeadAttention):
             parent.kernel = reference_attention
+            parent.__dict__.pop("linear", None)
         if "projected_loss" in parent.__dict__:
             del parent.projected_loss
     return model

@@ -202,10 +202,13 @@ class MultiHeadAttention(nn.Module):
     projects the decoder states with the first third and the encoder memory with the other two.
 
     ``kernel`` computes the heads' attention from the projected queries, keys and values; it is
-    :func:`reference_attention` unless the fast runtime installed another (``attnkit.fast.use``).
+    :func:`reference_attention` unless the fast runtime installed another (``attnkit.fast.use``). ``linear``
+    computes cross-attention's projections with slices of ``in_proj``: ``F.linear``, unless the fast runtime
+    installed another.
     """
 
     kernel = staticmethod(reference_attention)
+    linear = staticmethod(F.linear)
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
@@ -228,12 +231,12 @@ class MultiHeadAttention(nn.Module):
     def project_queries(self, queries: Tensor) -> Tensor:
         """``Q W^Q`` with the first third of ``in_proj``: [B, T, d_model] -> [B, H, T, d_head]."""
         d, bias = self.d_model, self.in_proj.bias
-        return self.split_heads(F.linear(queries, self.in_proj.weight[:d], None if bias is None else bias[:d]))
+        return self.split_heads(self.linear(queries, self.in_proj.weight[:d], None if bias is None else bias[:d]))
 
     def project_memory(self, memory: Tensor) -> KVCache:
         """``K W^K`` and ``V W^V`` of the encoder memory [B, S, d_model], computed once per sentence."""
         d, bias = self.d_model, self.in_proj.bias
-        k, v = F.linear(memory, self.in_proj.weight[d:], None if bias is None else bias[d:]).chunk(2, dim=-1)
+        k, v = self.linear(memory, self.in_proj.weight[d:], None if bias is None else bias[d:]).chunk(2, dim=-1)
         # contiguous once here, so each decoding step reads them without a copy
         return KVCache(self.split_heads(k).contiguous(), self.split_heads(v).contiguous())
 

@@ -25,7 +25,7 @@ from attnkit.checkpoint import (
 from attnkit.config import ExperimentConfig, TrainConfig, check_positions, dump_toml
 from attnkit.data import Parallel, token_batches
 from attnkit.errors import AttnkitError
-from attnkit.fast import bound_kernel_caches, use
+from attnkit.fast import bound_kernel_caches, reference, use
 from attnkit.train import distributed, sharding
 from attnkit.train.checkpoint import (
     average_checkpoints,
@@ -57,6 +57,7 @@ class Progress:
     history: list[str] = field(default_factory=list)  # checkpoint directory names, oldest first
     schedule_steps: int = 0  # the schedule's last step as train.fit_schedule set it (0: not fitted)
     precision: str = ""  # what train.precision = "auto" measured faster here, which a resumed run keeps ("": none)
+    fast: dict[str, bool] = field(default_factory=dict)  # the timed decisions of train.fast's tricks, kept likewise
 
     # the progress bar: a run stops at max_steps or when train.max_minutes of training time are spent, whichever
     # comes first, so its ETA is the smaller of the two (a 100,000-step cap under a 60-minute budget is not 15 h)
@@ -174,6 +175,7 @@ class Trainer:
             raise AttnkitError(f"train.best_metric = {self.metric!r}: this task's validation reports "
                                f"{', '.join(self.task.metrics)}")
         torch.manual_seed(cfg.train.seed)
+        self.fast_choices: dict[str, bool] = {}  # what train.fast's timed tricks decided (attnkit.fast.use)
         self.model = self.build_model()
         if cfg.train.init_from:
             self.init_from(cfg.train.init_from)
@@ -189,7 +191,7 @@ class Trainer:
                     self.model, device_ids=None if self.device.type == "cpu" else [self.device.index])
         t = cfg.train
         self.optimizer = make_optimizer(self.model, t)
-        self.progress = Progress()
+        self.progress = Progress(fast=self.fast_choices)
         self._recorded = False  # config.toml and run.jsonl are written when training starts, not before: a
         # rejected --resume leaves the run as it was
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -238,9 +240,27 @@ class Trainer:
         return tensors
 
     def build_model(self):
-        """The task's model with the fast runtime's tricks named in ``train.fast`` (:func:`attnkit.fast.use`)."""
+        """The task's model with the fast runtime's tricks named in ``train.fast`` (:func:`attnkit.fast.use`), which
+        time what pays on this machine once and follow :attr:`fast_choices` after."""
         model = self.task.build_model()
-        return use(model, *self.cfg.train.fast) if self.cfg.train.fast else model
+        return use(model, *self.cfg.train.fast, choices=self.fast_choices) if self.cfg.train.fast else model
+
+    def follow_fast_choices(self, kept: dict[str, bool]) -> None:
+        """Compute as the run's first process did: where it decided a timed trick of ``train.fast`` otherwise than
+        this process (``kept``, from the checkpoint's progress), install the tricks again with its decisions, over
+        the same parameters (the optimizer keeps them). A model sharded by FSDP keeps this process's decisions, with
+        one warning line: its layers are not swapped under the sharding."""
+        differ = {name: value for name, value in kept.items() if self.fast_choices.get(name) != value}
+        if differ and self.cfg.train.fast:
+            if sharding.is_sharded(self.model):
+                if self.rank == 0:
+                    print(f"attnkit: warning: the run trained with train.fast decisions {kept}, this process "
+                          f"decided {self.fast_choices}; a sharded model keeps them, so the resumed run may differ "
+                          "from an uninterrupted one in the last bits", file=sys.stderr, flush=True)
+            else:
+                self.fast_choices.update(differ)
+                use(reference(self.model), *self.cfg.train.fast, choices=self.fast_choices)
+        self.progress.fast = self.fast_choices
 
     def full_model(self):
         """The model with whole weights: itself, or under FSDP an unsharded copy on rank 0 (None elsewhere).
@@ -315,6 +335,7 @@ class Trainer:
             self.progress = Progress(**meta["progress"])
         except TypeError as e:
             raise AttnkitError(f"{path}/meta.json: progress does not describe a training run ({e})") from None
+        self.follow_fast_choices(self.progress.fast)
         self.choose_precision()  # the precision the run measured and kept, if it did
         self._set_aside_damaged(path, step, fell_back_from)
         self._record_run()
