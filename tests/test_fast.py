@@ -262,6 +262,33 @@ def test_fused_loss_block_by_block_equals_the_core_loss(products, eps, monkeypat
     assert torch.all(h1.grad[-1, -5:] == 0)
 
 
+def test_fused_loss_under_bf16_autocast_multiplies_in_bf16_as_the_core_does():
+    """Under bf16 autocast the fused loss's products take bf16 operands, as the core's projection does under
+    autocast: its loss and gradients differ from fp32's by bf16's rounding, no more than the core's do."""
+    from attnkit.fast.loss import projected_smoothed_cross_entropy
+    from attnkit.nn.loss import projected_label_smoothed_nll
+
+    g = torch.Generator().manual_seed(9)
+    hidden = torch.randn(5, 60, 64, generator=g)
+    weight = torch.randn(500, 64, generator=g) / 4
+    target = torch.randint(1, 500, (5, 60), generator=g)
+
+    def run(loss_fn, autocast: bool):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss, _ = loss_fn(h, w, target, 0.1)
+        loss.backward()
+        assert loss.dtype == h.grad.dtype == w.grad.dtype == torch.float32
+        return loss.detach(), h.grad, w.grad
+
+    exact = run(projected_smoothed_cross_entropy, False)
+    fused, core = run(projected_smoothed_cross_entropy, True), run(projected_label_smoothed_nll, True)
+    for ours, theirs, fp32 in zip(fused, core, exact, strict=True):
+        error = float((ours - fp32).norm() / fp32.norm())
+        assert 0 < error < 1e-2  # bf16 products, not fp32 ones
+        assert error <= 1.5 * float((theirs - fp32).norm() / fp32.norm()) + 1e-6
+
+
 def test_fused_loss_times_its_products_once_and_follows_a_choice_given(monkeypatch):
     """The library of the fused loss's products is chosen by timing once a shape, on a generator of its own (the
     random stream untouched); a choice given (a resumed run's) replaces it, and installing the trick records it."""
