@@ -70,6 +70,25 @@ def random_src(lengths: list[int], vocab: int = 23, seed: int = 0) -> torch.Tens
     return out
 
 
+def assert_projected_loss_matches_core(loss_fn, hidden, weight, target, eps: float, scale: float,
+                                       atol: float = 1e-5) -> torch.Tensor:
+    """``loss_fn(hidden, weight, target, eps)`` gives the (loss, NLL) and, for ``scale`` times the loss, the
+    gradients (hidden states and weight) of the core's ``projected_label_smoothed_nll``. -> the hidden states'
+    gradient."""
+    from attnkit.nn.loss import projected_label_smoothed_nll
+
+    (h1, w1), (h2, w2) = [(hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)) for _ in "ab"]
+    loss, nll = loss_fn(h1, w1, target, eps)
+    ref_loss, ref_nll = projected_label_smoothed_nll(h2, w2, target, eps)
+    (scale * loss).backward()
+    (scale * ref_loss).backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=atol)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=atol)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-5)
+    return h1.grad
+
+
 def tiny_experiment(**train_overrides) -> ExperimentConfig:
     """A dates-task experiment small enough to train a few steps in a second or two."""
     cfg = ExperimentConfig(name="tiny")

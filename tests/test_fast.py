@@ -27,7 +27,7 @@ from attnkit.fast.dropout import Dropout16
 from attnkit.fast.linear import OneDNNLinear, onednn_linear, relinked
 from attnkit.models import BOS, PAD, ConvTransformer, RNNSearch, TransformerLM
 from attnkit.nn import KVCache, MultiHeadAttention, label_smoothed_nll, reference_attention
-from conftest import make_model, random_src, tiny_model_config, toy_trained_model
+from conftest import assert_projected_loss_matches_core, make_model, random_src, tiny_model_config, toy_trained_model
 
 VOCAB = 23
 LENGTHS = [6, 3, 5, 1]
@@ -239,7 +239,6 @@ def test_fused_loss_block_by_block_equals_the_core_loss(products, eps, monkeypat
     states and weight, scaled by the loss's own gradient) of the core's projection + ``label_smoothed_nll``; a
     padding target's row gets no gradient."""
     from attnkit.fast import loss as fast_loss
-    from attnkit.nn.loss import projected_label_smoothed_nll
 
     monkeypatch.setattr(fast_loss, "CHUNK_BYTES", 1)
     monkeypatch.setattr(fast_loss, "products_for", lambda n_vocab, d_model: getattr(fast_loss, products))
@@ -249,17 +248,9 @@ def test_fused_loss_block_by_block_equals_the_core_loss(products, eps, monkeypat
     weight = torch.randn(50, 16, generator=g) / 2
     target = torch.randint(1, 50, (6, 26), generator=g)
     target[-1, -5:] = PAD  # 151 rows, 150 kept
-    inputs = [(hidden.clone().requires_grad_(), weight.clone().requires_grad_()) for _ in range(2)]
-    (h1, w1), (h2, w2) = inputs
-    loss, nll = fast_loss.projected_smoothed_cross_entropy(h1, w1, target, eps)
-    ref_loss, ref_nll = projected_label_smoothed_nll(h2, w2, target, eps)
-    (0.7 * loss).backward()
-    (0.7 * ref_loss).backward()
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-5)
-    assert torch.all(h1.grad[-1, -5:] == 0)
+    grad = assert_projected_loss_matches_core(fast_loss.projected_smoothed_cross_entropy, hidden, weight, target, eps,
+                                              0.7, atol=1e-4)
+    assert torch.all(grad[-1, -5:] == 0)
 
 
 def test_fused_loss_under_bf16_autocast_multiplies_in_bf16_as_the_core_does():

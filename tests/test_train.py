@@ -41,7 +41,7 @@ from attnkit.train import (
     read_metrics,
     write_checkpoint,
 )
-from conftest import tiny_experiment
+from conftest import assert_projected_loss_matches_core, tiny_experiment
 
 # --- label-smoothed cross entropy: the core's reference (attnkit.nn.loss) and the fast runtime's fused one
 # (attnkit.fast.loss), each against a direct computation and PyTorch, and against each other
@@ -131,16 +131,7 @@ def test_fused_loss_equals_the_reference(eps, sharpness):
     g = torch.Generator().manual_seed(6)
     hidden = torch.randn(3, 5, 8, generator=g)
     weight = torch.randn(11, 8, generator=g) * sharpness / 8
-    h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-    h2, w2 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-    loss, nll = projected_smoothed_cross_entropy(h1, w1, target, eps)
-    ref_loss, ref_nll = projected_label_smoothed_nll(h2, w2, target, eps)
-    (1.5 * loss).backward()
-    (1.5 * ref_loss).backward()
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-5)
+    assert_projected_loss_matches_core(projected_smoothed_cross_entropy, hidden, weight, target, eps, 1.5)
 
 
 @pytest.mark.internals  # autograd's version counter and its message
