@@ -175,7 +175,7 @@ class Trainer:
             raise AttnkitError(f"train.best_metric = {self.metric!r}: this task's validation reports "
                                f"{', '.join(self.task.metrics)}")
         torch.manual_seed(cfg.train.seed)
-        self.fast_choices: dict[str, bool] = {}  # what train.fast's timed tricks decided (attnkit.fast.use)
+        self.progress = Progress()  # before the model: train.fast's timed tricks write their decisions into it
         self.model = self.build_model()
         if cfg.train.init_from:
             self.init_from(cfg.train.init_from)
@@ -191,7 +191,6 @@ class Trainer:
                     self.model, device_ids=None if self.device.type == "cpu" else [self.device.index])
         t = cfg.train
         self.optimizer = make_optimizer(self.model, t)
-        self.progress = Progress(fast=self.fast_choices)
         self._recorded = False  # config.toml and run.jsonl are written when training starts, not before: a
         # rejected --resume leaves the run as it was
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -241,26 +240,26 @@ class Trainer:
 
     def build_model(self):
         """The task's model with the fast runtime's tricks named in ``train.fast`` (:func:`attnkit.fast.use`), which
-        time what pays on this machine once and follow :attr:`fast_choices` after."""
+        time what pays on this machine once and follow the decisions in ``progress.fast`` after."""
         model = self.task.build_model()
-        return use(model, *self.cfg.train.fast, choices=self.fast_choices) if self.cfg.train.fast else model
+        return use(model, *self.cfg.train.fast, choices=self.progress.fast) if self.cfg.train.fast else model
 
-    def follow_fast_choices(self, kept: dict[str, bool]) -> None:
-        """Compute as the run's first process did: where it decided a timed trick of ``train.fast`` otherwise than
-        this process (``kept``, from the checkpoint's progress), install the tricks again with its decisions, over
-        the same parameters (the optimizer keeps them). A model sharded by FSDP keeps this process's decisions, with
-        one warning line: its layers are not swapped under the sharding."""
-        differ = {name: value for name, value in kept.items() if self.fast_choices.get(name) != value}
-        if differ and self.cfg.train.fast:
-            if sharding.is_sharded(self.model):
-                if self.rank == 0:
-                    print(f"attnkit: warning: the run trained with train.fast decisions {kept}, this process "
-                          f"decided {self.fast_choices}; a sharded model keeps them, so the resumed run may differ "
-                          "from an uninterrupted one in the last bits", file=sys.stderr, flush=True)
-            else:
-                self.fast_choices.update(differ)
-                use(reference(self.model), *self.cfg.train.fast, choices=self.fast_choices)
-        self.progress.fast = self.fast_choices
+    def follow_fast_choices(self, decided: dict[str, bool]) -> None:
+        """Compute as the run's first process did: where the resumed progress's ``fast`` holds other decisions of
+        ``train.fast``'s timed tricks than this process made building the model (``decided``), install the tricks
+        again with the kept ones, over the same parameters (the optimizer keeps them). A model sharded by FSDP keeps
+        this process's decisions, with one warning line: its layers are not swapped under the sharding."""
+        kept = self.progress.fast
+        if all(decided.get(name) == value for name, value in kept.items()):
+            self.progress.fast = {**decided, **kept}
+        elif sharding.is_sharded(self.model):
+            if self.rank == 0:
+                print(f"attnkit: warning: the run trained with train.fast decisions {kept}, this process decided "
+                      f"{decided}; a sharded model keeps them, so the resumed run may differ from an uninterrupted "
+                      "one in the last bits", file=sys.stderr, flush=True)
+            self.progress.fast = decided
+        else:
+            use(reference(self.model), *self.cfg.train.fast, choices=kept)  # fills in what kept lacks
 
     def full_model(self):
         """The model with whole weights: itself, or under FSDP an unsharded copy on rank 0 (None elsewhere).
@@ -332,10 +331,10 @@ class Trainer:
             self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": float(tensors["amp.scale"][0]),
                                          "_growth_tracker": int(tensors["amp.growth_tracker"][0])})
         try:
-            self.progress = Progress(**meta["progress"])
+            decided, self.progress = self.progress.fast, Progress(**meta["progress"])
         except TypeError as e:
             raise AttnkitError(f"{path}/meta.json: progress does not describe a training run ({e})") from None
-        self.follow_fast_choices(self.progress.fast)
+        self.follow_fast_choices(decided)
         self.choose_precision()  # the precision the run measured and kept, if it did
         self._set_aside_damaged(path, step, fell_back_from)
         self._record_run()
