@@ -98,8 +98,10 @@ def _ran(r: dict, name: str, extra: str = "") -> str:
     # recorded since the benches start under jemalloc as the command line does (attnkit.allocator)
     alloc = {"jemalloc": ", under jemalloc", "system": ", the bench's process under the C library's malloc"}.get(
         r.get("allocator"), "")
+    # recorded since attnkit has MKL choose its kernels by the CPU's instructions (attnkit.mkl)
+    mkl = f", MKL's kernels: {r['mkl_kernels']}" if r.get("mkl_kernels") else ""
     return (f"`{r.get('command') or NOT_RECORDED}` ({date(r)}, {machine(r)}, torch {torch_version(r)}{threads}"
-            f"{alloc}{'; ' + extra if extra else ''}; {link(name, '../bench/results/')})")
+            f"{alloc}{mkl}{'; ' + extra if extra else ''}; {link(name, '../bench/results/')})")
 
 
 def machine(record: dict) -> str:
@@ -935,6 +937,62 @@ def block_train_precision_recipe(results: dict) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+# the recipe's bf16 command run again on the same machine, later in the code's life: (the first run, the later one)
+RECIPE_RERUNS = {"AMD EPYC Zen 5, bf16": ("multi30k_en_de_1core_bf16_zen5", "multi30k_en_de_1core_bf16_zen5_rerun")}
+
+
+def block_train_recipe_reruns(results: dict) -> str:
+    """The same recipe command on the same machine, run at two points of the code: what faster training steps buy
+    in its 60 training minutes (epochs, steps, BLEU)."""
+    found = {label: names for label, names in RECIPE_RERUNS.items() if all(n in results for n in names)}
+    if not found:
+        return absent(" and ".join(n for names in RECIPE_RERUNS.values() for n in names))
+    lines: list[str] = []
+    for label, names in found.items():
+        runs = [results[n] for n in names]
+        lines += [f"**{label}.**", ""] + [f"- {_ran(r, n)}" for r, n in zip(runs, names)]
+        lines += ["", "| run | trained on | target tokens/s | steps | epochs | training minutes | "
+                      "test BLEU (sacreBLEU) | test BLEU (the paper's) |", "|---|---|---|---|---|---|---|---|"]
+        for r, n in zip(runs, names):
+            started = [launch.get("time") for launch in r.get("launches") or [] if launch.get("time")]
+            lines.append(f"| {link(n, '../bench/results/')} | {text(started[0][:10]) if started else NOT_RECORDED} "
+                         f"| {number(r.get('tokens_per_s'), 0)} "
+                         f"| {number(r.get('steps'), 0)} | {epochs(r)} | {minutes(r)} | "
+                         f"{number(get(r, 'metrics', 'bleu'))} | {number(get(r, 'metrics', 'paper_bleu'))} |")
+        first, later = runs
+        speed = later["tokens_per_s"] / first["tokens_per_s"] if first.get("tokens_per_s") else None
+        lines += ["", f"Later run / first: {_times(speed)} target tokens/s.", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def block_train_mkl_kernels(results: dict) -> str:
+    """The training bench on one machine with MKL's AVX-512 kernels (attnkit.mkl, the default) and with MKL's own
+    choice (``ATTNKIT_MKL=vendor``, train_throughput_<machine>_mkl_vendor.json): each system's speed with each."""
+    pairs = [(n.removesuffix("_mkl_vendor"), n) for n in results
+             if n.startswith("train_throughput_") and n.endswith("_mkl_vendor")
+             and n.removesuffix("_mkl_vendor") in results]
+    if not pairs:
+        return absent("train_throughput_<machine>_mkl_vendor")
+    lines: list[str] = []
+    for features_name, vendor_name in pairs:
+        features, vendor = results[features_name], results[vendor_name]
+        lines += [f"**{machine(features)}.** MKL's kernels: {text(features.get('mkl_kernels'))} "
+                  f"({link(features_name, '../bench/results/')}), against {text(vendor.get('mkl_kernels'))} "
+                  f"with `ATTNKIT_MKL=vendor` ({link(vendor_name, '../bench/results/')}):", "",
+                  "| system | target tokens/s, MKL's own choice | with its AVX-512 kernels | speed-up | of the fp32 "
+                  "matmul peak, MKL's own choice | with its AVX-512 kernels |", "|---|---|---|---|---|---|"]
+        for system, v in features.get("systems", {}).items():
+            w = get(vendor, "systems", system, default={})
+            speed = v["tokens_per_s"] / w["tokens_per_s"] if w.get("tokens_per_s") and v.get("tokens_per_s") else None
+            lines.append(f"| {text(system)} | {number(w.get('tokens_per_s'), 0)} | {number(v.get('tokens_per_s'), 0)} "
+                         f"| {_times(speed)} | {_percent(w.get('fraction_of_matmul_peak'))} | "
+                         f"{_percent(v.get('fraction_of_matmul_peak'))} |")
+        peaks = [get(r, "metrics", "matmul_peak_gflop_per_s") for r in (vendor, features)]
+        lines += ["", "fp32 matmul peak, each run's own: " + " and ".join(f"{number(p, 1)} GFLOP/s" for p in peaks)
+                  + ".", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 TRANSLATE_SYSTEMS = {"attnkit": "attnkit `--no-compile`", "attnkit_compiled": "attnkit, compiled (the default)",
                      "huggingface": "Hugging Face `generate`", "ctranslate2_fp32": "CTranslate2 fp32",
                      "ctranslate2_int8": "CTranslate2 int8"}
@@ -1072,6 +1130,8 @@ BLOCKS = {
     "train-limits": ("docs/performance.md", block_train_limits),
     "train-end-to-end": ("docs/performance.md", block_train_end_to_end),
     "train-precision-recipe": ("docs/performance.md", block_train_precision_recipe),
+    "train-recipe-reruns": ("docs/performance.md", block_train_recipe_reruns),
+    "train-mkl-kernels": ("docs/performance.md", block_train_mkl_kernels),
     "translate-throughput": ("docs/performance.md", block_translate_throughput),
     "compile-step": ("docs/performance.md", block_compile_step),
     "attention-op": ("docs/performance.md", block_attention_op),

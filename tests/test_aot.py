@@ -280,6 +280,19 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
     assert cache_directory(other) != cache_directory(model) == cache_directory(copy.deepcopy(model))
 
 
+def test_the_cache_is_keyed_by_the_kernels_mkl_runs(model, monkeypatch):
+    """A graph keeps choices timed against MKL's kernels (attnkit.mkl): MKL's own choice and its AVX-512 kernels
+    keep their packages apart."""
+    import attnkit.mkl
+    from attnkit.fast.aot import cache_directory
+
+    running = attnkit.mkl.kernels()
+    here = cache_directory(model)
+    assert cache_directory(model) == here
+    monkeypatch.setattr(attnkit.mkl, "kernels", lambda: "AVX2" if running != "AVX2" else "AVX-512")
+    assert cache_directory(model) != here
+
+
 @pytest.mark.slow
 @torch.no_grad()
 def test_steps_a_graph_does_not_cover_run_the_fallback():

@@ -1062,10 +1062,12 @@ def main(argv: list[str] | None = None) -> int:
     has it (attnkit.allocator), before torch is imported."""
     if argv is None:
         from attnkit.allocator import AllocatorError, relaunch_under_jemalloc
+        from attnkit.mkl import MklChoiceError, choice
 
         try:
             relaunch_under_jemalloc()
-        except AllocatorError as e:
+            choice(os.environ)  # attnkit.mkl: read when attnkit was imported
+        except (AllocatorError, MklChoiceError) as e:
             print(f"attnkit: error: {e}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)

@@ -63,8 +63,9 @@ def versions() -> dict:
 def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
     """This machine's fp32 matmul peak: the best GFLOP/s of a product of square [size, size] matrices on
     ``threads`` threads, by either library PyTorch has for it (what benchmarks state their fractions of peak
-    against): ``A @ B`` (MKL), and oneDNN's product with B packed once. On an AMD CPU MKL runs its AVX2 code; on a
-    Zen 5 core, whose 512-bit vectors run at full width, oneDNN's reached about twice its rate."""
+    against): ``A @ B`` (MKL), and oneDNN's product with B packed once. On an AMD CPU MKL left to itself runs its AVX2
+    code (:mod:`attnkit.mkl`); on a Zen 5 core, whose 512-bit vectors run at full width, oneDNN's then reached about
+    twice its rate."""
     import time
 
     import torch
@@ -87,13 +88,15 @@ def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
 
 def write_results(path: str | Path, name: str, command: str, metrics: dict, **extra) -> Path:
     """Write a bench's results JSON atomically, with what it ran on: the command, the commit, the versions, the
-    machine and the allocator (this process's, or ``allocator=`` where the bench timed other processes)."""
-    from attnkit import allocator
+    machine, the allocator (this process's, or ``allocator=`` where the bench timed other processes) and the code
+    branch of MKL's kernels (:func:`attnkit.mkl.kernels`, this process's, or ``mkl_kernels=``)."""
+    from attnkit import allocator, mkl
 
     v = versions()
     ran_on = extra.pop("allocator", None) or allocator.current()
+    kernels = extra.pop("mkl_kernels", None) or mkl.kernels()
     record = {"name": name, "metrics": metrics, **extra, "command": command, "git_commit": git_commit(),
-              "torch": v["torch"], "versions": v, "machine": machine(), "allocator": ran_on,
+              "torch": v["torch"], "versions": v, "machine": machine(), "allocator": ran_on, "mkl_kernels": kernels,
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -370,23 +370,25 @@ def _compile_kept(cache: Path | None, scratch: Path, name: str, what: str, build
 def cache_root() -> Path:
     """Where compiled packages are kept: ``$ATTNKIT_CACHE``, else ``$XDG_CACHE_HOME/attnkit``, else
     ``~/.cache/attnkit``."""
-    if os.environ.get("ATTNKIT_CACHE"):
-        return Path(os.environ["ATTNKIT_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit"
+    from attnkit.mkl import cache_root as root
+
+    return root(os.environ)
 
 
 def cache_directory(model: nn.Module, **options) -> Path:
     """The cache directory of ``model``'s packages under :func:`cache_root`, named by a digest of everything a
     graph depends on: the model's weights and buffers (their bytes, names and layouts), ``options`` (how the
-    model was prepared), the torch and Python versions, attnkit's source and this CPU's instruction sets."""
+    model was prepared), the torch and Python versions, attnkit's source, this CPU's instruction sets and the kernels
+    MKL runs (a graph keeps choices timed against them: :mod:`attnkit.mkl`)."""
     from attnkit.fast.precision import cpu_flags
+    from attnkit.mkl import kernels
 
     digest = hashlib.sha256()
     for name, x in [*model.named_parameters(), *model.named_buffers()]:
         digest.update(f"{name}|{x.dtype}|{tuple(x.shape)}|{x.stride()}".encode())
         digest.update(x.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
     environment = {"torch": torch.__version__, "python": sys.version, "options": sorted(options.items()),
-                   "cpu": sorted(cpu_flags()), "source": _source_digest()}
+                   "cpu": sorted(cpu_flags()), "mkl": kernels(), "source": _source_digest()}
     digest.update(json.dumps(environment, default=str).encode())
     return cache_root() / "compiled" / digest.hexdigest()[:32]
 

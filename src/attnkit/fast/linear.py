@@ -1,8 +1,9 @@
 """Linear layers whose fp32 products are oneDNN's, for training on a CPU where those are the faster ones.
 
-PyTorch multiplies fp32 matrices on the CPU with MKL, which runs its AVX2 code on an AMD CPU. On an AMD EPYC Zen 5,
-whose cores run 512-bit vectors at full width, oneDNN's fp32 products of the Multi30k model's training shapes (1,500
-rows by 128 to 384 columns) ran at about twice MKL's rate, forward and in both gradients (a throwaway timing). So
+PyTorch multiplies fp32 matrices on the CPU with MKL, which left to itself runs its AVX2 code on an AMD CPU. On an
+AMD EPYC Zen 5, whose cores run 512-bit vectors at full width, oneDNN's fp32 products of the Multi30k model's training
+shapes (1,500 rows by 128 to 384 columns) ran at about twice that MKL's rate, forward and in both gradients (a
+throwaway timing); with MKL choosing its kernels by the CPU's instructions (:mod:`attnkit.mkl`) MKL is the faster. So
 :class:`OneDNNLinear` computes ``y = x W^T + b`` and its gradients ``dx = dy W`` and ``dW = dy^T x`` as oneDNN
 products, and :func:`onednn_pays` decides, on this machine and the model's own weight shapes, whether to install it.
 Without autograd (validation, decoding: a few rows a call, where each oneDNN call's own cost weighs), under
