@@ -27,6 +27,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from attnkit.errors import environment_choice
+
 # never return freed pages to the system (dirty and muzzy decay off), and split a kept free extent for requests down
 # to 1/1024 of its size (by default 1/64), so that bf16 training's varied requests reuse what is kept
 JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,lg_extent_max_active_fit:10"
@@ -42,10 +44,7 @@ class AllocatorError(ValueError):
 
 def choice(environ: Mapping[str, str]) -> str:
     """The allocator ``ATTNKIT_ALLOCATOR`` asks for: "jemalloc" (the default) or "system"."""
-    value = environ.get("ATTNKIT_ALLOCATOR", "jemalloc")
-    if value not in CHOICES:
-        raise AllocatorError(f"ATTNKIT_ALLOCATOR={value!r}: expected one of {', '.join(CHOICES)}")
-    return value
+    return environment_choice(environ, "ATTNKIT_ALLOCATOR", CHOICES, AllocatorError)
 
 
 def find_jemalloc() -> str | None:

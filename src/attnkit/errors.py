@@ -12,6 +12,15 @@ class AttnkitError(Exception):
     """A user-facing error: the message says what is wrong and where (file, line, key)."""
 
 
+def environment_choice(environ, variable: str, choices: tuple[str, ...], error: type[Exception] = ValueError) -> str:
+    """The value of ``variable`` in ``environ``, one of ``choices`` (the first when it is not set); else ``error``
+    naming the variable, its value and the choices."""
+    value = environ.get(variable, choices[0])
+    if value not in choices:
+        raise error(f"{variable}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
 def describe_os_error(e: OSError, what: str | None = None) -> str:
     """One line for an OSError: the path it concerns (``what`` when the error carries none) and what is wrong."""
     where = e.filename if e.filename is not None else what

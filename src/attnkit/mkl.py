@@ -37,6 +37,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from attnkit.errors import environment_choice
+
 CHOICES = ("features", "vendor")
 SOURCE = "int mkl_serv_intel_cpu_true(void) { return 1; }\n"
 # MKL's code branches (mkl_cbwr.h), as mkl_serv_cbwr_get_auto_branch names the one it dispatches to
@@ -53,10 +55,7 @@ class MklChoiceError(ValueError):
 
 def choice(environ: Mapping[str, str]) -> str:
     """What ``ATTNKIT_MKL`` asks for: "features" (the default) or "vendor"."""
-    value = environ.get("ATTNKIT_MKL", "features")
-    if value not in CHOICES:
-        raise MklChoiceError(f"ATTNKIT_MKL={value!r}: expected one of {', '.join(CHOICES)}")
-    return value
+    return environment_choice(environ, "ATTNKIT_MKL", CHOICES, MklChoiceError)
 
 
 def amd_with_avx512(cpuinfo: str) -> bool:
