@@ -4,6 +4,7 @@ AVX-512 kernels on an AMD CPU that has them, that its products are right, and th
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -121,3 +122,15 @@ print(worst)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env={**PLAIN, "ATTNKIT_CACHE": str(tmp_path)})
     assert float(out.stdout) < 1e-5
+
+
+def test_a_results_json_records_mkl_s_kernels_and_the_setting_that_chose_them(tmp_path, monkeypatch):
+    from attnkit.evaluate.results import write_results
+
+    monkeypatch.setenv("ATTNKIT_MKL", "vendor")
+    record = json.loads(write_results(tmp_path / "r.json", "r", "python bench/r.py", {}).read_text())
+    assert record["command"] == "ATTNKIT_MKL=vendor python bench/r.py"  # what the reader must set to measure it again
+    assert record["mkl_kernels"] == mkl.kernels()
+    monkeypatch.delenv("ATTNKIT_MKL")
+    record = json.loads(write_results(tmp_path / "r.json", "r", "python bench/r.py", {}).read_text())
+    assert record["command"] == "python bench/r.py"

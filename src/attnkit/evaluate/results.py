@@ -92,6 +92,10 @@ def write_results(path: str | Path, name: str, command: str, metrics: dict, **ex
     branch of MKL's kernels (:func:`attnkit.mkl.kernels`, this process's, or ``mkl_kernels=``)."""
     from attnkit import allocator, mkl
 
+    # the settings of the environment that change what a bench measures, written as the command's prefix
+    settings = [f"{k}={os.environ[k]}" for k in ("ATTNKIT_MKL", "ATTNKIT_ALLOCATOR")
+                if os.environ.get(k) and f"{k}=" not in command]
+    command = " ".join([*settings, command])
     v = versions()
     ran_on = extra.pop("allocator", None) or allocator.current()
     kernels = extra.pop("mkl_kernels", None) or mkl.kernels()
