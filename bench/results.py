@@ -951,11 +951,12 @@ def block_train_recipe_reruns(results: dict) -> str:
     for label, names in found.items():
         runs = [results[n] for n in names]
         lines += [f"**{label}.**", ""] + [f"- {_ran(r, n)}" for r, n in zip(runs, names)]
-        lines += ["", "| run | trained on | target tokens/s | steps | epochs | training minutes | "
+        lines += ["", "| run | training started (UTC) | target tokens/s | steps | epochs | training minutes | "
                       "test BLEU (sacreBLEU) | test BLEU (the paper's) |", "|---|---|---|---|---|---|---|---|"]
         for r, n in zip(runs, names):
             started = [launch.get("time") for launch in r.get("launches") or [] if launch.get("time")]
-            lines.append(f"| {link(n, '../bench/results/')} | {text(started[0][:10]) if started else NOT_RECORDED} "
+            when = started[0][:16].replace("T", " ") if started else NOT_RECORDED
+            lines.append(f"| {link(n, '../bench/results/')} | {text(when)} "
                          f"| {number(r.get('tokens_per_s'), 0)} "
                          f"| {number(r.get('steps'), 0)} | {epochs(r)} | {minutes(r)} | "
                          f"{number(get(r, 'metrics', 'bleu'))} | {number(get(r, 'metrics', 'paper_bleu'))} |")
