@@ -11,22 +11,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
+# another job may be using the other cores: keep every test on one thread
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # compiled steps are kept in a cache of this test process's own (the commands the tests start inherit it), never
 # in the user's, and removed at the end
 _CACHE = tempfile.mkdtemp(prefix="attnkit-test-cache-")
 os.environ["ATTNKIT_CACHE"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
-
-# before torch, as a user's command starts: MKL's kernels chosen by the CPU's instructions (attnkit.mkl)
-import attnkit.mkl  # noqa: E402
-
-attnkit.mkl.use_feature_kernels()
-import torch  # noqa: E402
-
-# another job may be using the other cores: keep every test on one thread
-torch.set_num_threads(1)
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 # translation models decode eagerly unless a test asks for compiling: each tiny model would compile for tens of
 # seconds (tests/test_end_to_end.py checks the default, compiled then loaded from the cache)
 os.environ["ATTNKIT_COMPILE"] = "0"
@@ -128,6 +122,7 @@ def trained_checkpoint(tmp_path_factory, dates_pairs) -> Path:
 def served_models(tmp_path_factory, trained_checkpoint) -> dict:
     """What the server tests serve: the dates Transformer, a character LM that never ends its text, a tiny
     Show-Attend-Tell captioner (tests/serving.py)."""
+    import attnkit
     from serving import tiny_captioner_checkpoint, tiny_lm_checkpoint
 
     return {"dates": attnkit.load(trained_checkpoint),
