@@ -6,6 +6,7 @@ wait at a barrier. Every collective here is called by all ranks in the same orde
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -47,9 +48,18 @@ def setup(device: torch.device | None = None) -> tuple[int, int]:
     _device = device = device or torch.device("cpu")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        atexit.register(leave)
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def leave() -> None:
+    """Leave the process group that :func:`setup` joined, at the process's exit while Python is still whole: gloo's
+    worker threads otherwise outlive the interpreter, and a rank can end with SIGABRT ("terminate called without an
+    active exception") after its work is done."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def all_sum(value: float, world: int) -> float:
