@@ -116,9 +116,10 @@ def test_fsdp_shards_the_weights_and_adam_moments(runs):
     assert 0.4 * whole < records["fsdp"]["parameters_on_rank0"] < 0.6 * whole
 
 
-def test_checkpoints_resume_across_world_sizes_and_ddp_fsdp(runs):
+def test_checkpoints_resume_across_world_sizes_and_ddp_fsdp(runs, tmp_path):
     """DDP and FSDP checkpoints continue in one process (to the same weights), and a single-process checkpoint
     continues under DDP and under FSDP (to the same weights): the Adam moments are re-sharded exactly."""
+    runs = Path(shutil.copytree(runs, tmp_path / "runs", symlinks=True))  # the other tests read the runs as trained
     shutil.copytree(runs / "single", runs / "single-fsdp", symlinks=True)
     for run in ("ddp", "fsdp"):
         _run(["train", "tiny.toml", "--run-dir", run, "--resume", "--set", "train.max_steps=4",
