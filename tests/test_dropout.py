@@ -1,6 +1,8 @@
 """The fast runtime's 16-bit CPU dropout (``attnkit.fast.dropout``): the statistics and gradient of nn.Dropout,
-reproducible from the seed; and the allocator setting that keeps freed memory for reuse (``attnkit.fast.memory``)."""
+reproducible from the seed, its compiled kernel equal to its formula; and the allocator setting that keeps freed
+memory for reuse (``attnkit.fast.memory``)."""
 
+import shutil
 import subprocess
 import sys
 
@@ -8,7 +10,53 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.fast.dropout import Dropout16, dropout16
+from attnkit.fast import dropout as fast_dropout
+from attnkit.fast.dropout import Dropout16, dropout16, dropout_mask, uniforms
+
+HAS_COMPILER = shutil.which("cc") is not None or shutil.which("gcc") is not None
+
+
+def _splitmix64_uniforms(n: int, key: int) -> list[int]:
+    """The module's formula in Python's own integers: an oracle apart from NumPy's vector arithmetic."""
+    out = []
+    for j in range((n + 3) // 4):
+        z = (key + (j + 1) * 0x9E3779B97F4A7C15) % 2**64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+        z ^= z >> 31
+        out += [(z >> (16 * k)) & 0xFFFF for k in range(4)]
+    return out[:n]
+
+
+def test_the_uniforms_are_the_formula():
+    for key in (0, 1, 2**63 + 12345, 2**64 - 1):
+        assert uniforms(4099, key).tolist() == _splitmix64_uniforms(4099, key)
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler: the masks come from NumPy")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_compiled_kernel_makes_the_formulas_masks_bit_for_bit(dtype):
+    """Over sizes that end inside a 64-bit hash and on both sides of the kernel's 1024-element chunks."""
+    assert fast_dropout.kernels() is not None
+    torch.manual_seed(6)
+    for n in (1, 3, 4, 5, 1023, 1024, 1025, 2048 + 7, 100_003):
+        x = torch.randn(n).to(dtype)
+        key = fast_dropout.draw_key()
+        y, mask = dropout_mask(x, 19661, key)
+        y_ref, mask_ref = dropout_mask(x, 19661, key, native=False)
+        assert torch.equal(mask, mask_ref) and torch.equal(y, y_ref), n
+        kept = torch.tensor(uniforms(n, key).astype("int64")) >= 19661
+        assert torch.equal(mask.ne(0), kept)
+        assert torch.equal(y, x * mask)
+
+
+def test_each_call_takes_one_key_from_torchs_generator():
+    torch.manual_seed(7)
+    y = dropout16(torch.ones(1000), 0.3)
+    after = fast_dropout.draw_key()
+    torch.manual_seed(7)
+    assert torch.equal(y, dropout_mask(torch.ones(1000), round(0.3 * 65536), fast_dropout.draw_key())[0])
+    assert fast_dropout.draw_key() == after  # the generator's stream goes on as after one key, nothing more
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

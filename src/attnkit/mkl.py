@@ -28,16 +28,13 @@ This module imports nothing heavy: it runs before torch is loaded.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from attnkit.errors import environment_choice
+from attnkit.native import build, cache_root
 
 CHOICES = ("features", "vendor")
 SOURCE = "int mkl_serv_intel_cpu_true(void) { return 1; }\n"
@@ -75,35 +72,10 @@ def applies(environ: Mapping[str, str], cpuinfo: str, torch_imported: bool) -> b
     return choice(environ) == "features" and not torch_imported and amd_with_avx512(cpuinfo)
 
 
-def cache_root(environ: Mapping[str, str]) -> Path:
-    """attnkit's cache: ``$ATTNKIT_CACHE``, else ``$XDG_CACHE_HOME/attnkit``, else ``~/.cache/attnkit``."""
-    if environ.get("ATTNKIT_CACHE"):
-        return Path(environ["ATTNKIT_CACHE"])
-    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit"
-
-
 def build_library(directory: Path) -> Path | None:
-    """The library defining ``mkl_serv_intel_cpu_true`` to answer yes, built once into ``directory`` (named by a
-    digest of its source) with the system's C compiler; None where there is no compiler or it fails. The file
-    appears whole or not at all: a process that starts meanwhile builds its own copy."""
-    path = directory / f"mkl_features_{hashlib.sha256(SOURCE.encode()).hexdigest()[:16]}.so"
-    if path.is_file():
-        return path
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as work:
-            source = Path(work) / "mkl_features.c"
-            source.write_text(SOURCE)
-            built = Path(work) / path.name
-            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(built), str(source)],
-                           check=True, capture_output=True, timeout=60)
-            built.replace(path)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return path
+    """The library defining ``mkl_serv_intel_cpu_true`` to answer yes, built once into ``directory`` with the
+    system's C compiler (:func:`attnkit.native.build`); None where there is no compiler or it fails."""
+    return build(SOURCE, "mkl_features", directory)
 
 
 def use_feature_kernels(environ: Mapping[str, str] | None = None) -> str | None:

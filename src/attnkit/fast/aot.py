@@ -370,7 +370,7 @@ def _compile_kept(cache: Path | None, scratch: Path, name: str, what: str, build
 def cache_root() -> Path:
     """Where compiled packages are kept: ``$ATTNKIT_CACHE``, else ``$XDG_CACHE_HOME/attnkit``, else
     ``~/.cache/attnkit``."""
-    from attnkit.mkl import cache_root as root
+    from attnkit.native import cache_root as root
 
     return root(os.environ)
 
