@@ -176,8 +176,10 @@ def _onednn_faster(n_vocab: int, d_model: int) -> bool:
 
 class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     """The output projection and the smoothed loss as one step, block by block of rows, with the gradient made in
-    the forward pass: each block's [c, V] logits are made, turned into the softmax in place and read by the two
-    products of the gradient while they are still in cache, and never stored. The backward only scales the saved
+    the forward pass: each block's [c, V] logits are made, turned in place into exp(logit - max logit), and read by
+    the two products of the gradient while they are still in cache, and never stored. The softmax's division by
+    each row's sum is applied to the products' small sides, [c, D], not to the [c, V] block:
+    softmax @ W = (exps @ W) / sum, and softmax^T h = exps^T (h / sum). The backward only scales the saved
     gradients by the loss's own gradient (the loss is linear in it).
 
     The gradient's two cheap terms are applied to the products' small sides instead of to the [c, V] blocks:
@@ -201,14 +203,16 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
         for start in range(0, n, rows):
             block = slice(start, start + rows)
             h = hidden[block]
-            probs = products.logits(h, w)
-            top = probs.amax(-1)
-            torch.softmax(probs, -1, out=probs)
-            lse[block] = top - probs.amax(-1).log()  # as in _softmax_terms
+            exps = products.logits(h, w)  # the block's logits, then in place exp(logit - max logit)
+            top = exps.amax(-1, keepdim=True)
+            torch.sub(exps, top, out=exps).exp_()
+            total = exps.sum(-1)  # softmax = exps / total; log-sum-exp = max logit + log total
+            lse[block] = top.squeeze(1) + total.log()
+            scale = total.reciprocal_()[:, None]
             if need_hidden:
-                grad_hidden[block] = products.back(probs, w)
+                grad_hidden[block] = products.back(exps, w).mul_(scale)
             if need_weight:
-                products.weight_grad_(grad_weight, probs, h)
+                products.weight_grad_(grad_weight, exps, h * scale)
         y = weight[target]
         nll = lse - (hidden * y).sum(-1)
         smooth = lse - hidden @ weight.mean(0)  # mean over the vocabulary of -log p(v), from the logits' mean
