@@ -22,12 +22,17 @@ the time of 16-bit uniforms cut from torch's own 64-bit draws, on one core of an
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from attnkit.fast.precision import cpu_flags
+from attnkit.native import build, cache_root
 
 _LEVELS = 1 << 16
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -80,34 +85,22 @@ void dropout_mask16(uint16_t *restrict mask, int64_t n, uint64_t key, uint32_t d
 }
 """
 
-_kernels: ctypes.CDLL | None = None
-_kernels_tried = False
-
-
+@functools.cache
 def kernels() -> ctypes.CDLL | None:
     """The compiled mask kernels (built on first use, for this CPU), or None where no C compiler builds them."""
-    global _kernels, _kernels_tried
-    if not _kernels_tried:
-        _kernels_tried = True
-        import os
-
-        from attnkit.fast.precision import cpu_flags
-        from attnkit.native import build, cache_root
-
-        path = build(SOURCE, "dropout", cache_root(os.environ) / "kernels", ("-O3", "-march=native"),
-                     key=" ".join(sorted(cpu_flags())))
-        if path is not None:
-            try:
-                library = ctypes.CDLL(str(path))
-            except OSError:
-                library = None
-            if library is not None:
-                library.dropout_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                                ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float]
-                library.dropout_mask16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint32,
-                                                   ctypes.c_uint16]
-                _kernels = library
-    return _kernels
+    path = build(SOURCE, "dropout", cache_root(os.environ) / "kernels", ("-O3", "-march=native"),
+                 key=" ".join(sorted(cpu_flags())))
+    if path is None:
+        return None
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    library.dropout_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                    ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float]
+    library.dropout_mask16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint32,
+                                       ctypes.c_uint16]
+    return library
 
 
 def uniforms(n: int, key: int) -> np.ndarray:

@@ -6,7 +6,7 @@ the same, which the tests check trick by trick against the core):
 * ``"dropout16"``: every ``nn.Dropout`` becomes :class:`~attnkit.fast.dropout.Dropout16` (16-bit uniforms, four
   from one 64-bit hash of a counter, made by a C kernel; same expectation, other masks than PyTorch's).
 * ``"fused_loss"``: the output projection and label-smoothed loss as one autograd function that makes logits only
-  where the target is real and writes the gradient into the softmax (:mod:`attnkit.fast.loss`).
+  where the target is real and makes the gradient block by block in the forward pass (:mod:`attnkit.fast.loss`).
 * ``"fused_attention"``: in every multi-head attention that is not asked for its weights, two batched matrix
   products over short keys and PyTorch's ``scaled_dot_product_attention`` over long ones
   (:func:`attnkit.fast.attention.teacher_forced_attention`).
