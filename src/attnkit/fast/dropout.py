@@ -2,7 +2,8 @@
 replaces every ``nn.Dropout`` of a model (:func:`attnkit.fast.use`).
 
 PyTorch's CPU dropout draws one Bernoulli sample per element from its Mersenne Twister, one after another: a small
-Transformer's training step has 22 dropouts, and their random numbers were a large share of its non-matrix work.
+Transformer's training step has 22 dropouts, and drawing their numbers one by one is a large share of its
+non-matrix work.
 Here each call takes one 64-bit key from torch's default generator, and element ``i`` gets the 16-bit uniform
 
     u_i = bits 16 (i mod 4) .. 16 (i mod 4) + 15 of  splitmix64(key + (i div 4 + 1) * 0x9E3779B97F4A7C15)
@@ -84,6 +85,7 @@ void dropout_mask16(uint16_t *restrict mask, int64_t n, uint64_t key, uint32_t d
     }
 }
 """
+
 
 @functools.cache
 def kernels() -> ctypes.CDLL | None:
