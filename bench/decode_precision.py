@@ -10,9 +10,14 @@ steps and makes oneDNN's kernels for each new shape). BLEU of every run, cased s
 
     python bench/decode_precision.py --checkpoint runs/multi30k_en_de   # -> bench/results/decode_precision.json
     python bench/decode_precision.py --no-compile                       # attnkit eager at every precision
+    python bench/decode_precision.py --shortlist runs/multi30k_en_de/vmap.txt   # and with a vocabulary shortlist
+
+With ``--shortlist VMAP`` (a vocabulary map: ``attnkit shortlist``) attnkit fp32 and int8 also decode scoring only
+each batch's candidates (``attnkit translate --shortlist``), against CTranslate2 ``float32`` and ``int8`` with the
+same map (exported with it, ``use_vmap=True``).
 
 Targets: each attnkit precision's BLEU within 0.3 of fp32's; attnkit fp32 >= CTranslate2 float32 and attnkit
-int8 >= CTranslate2 int8 in every cell.
+int8 >= CTranslate2 int8 in every cell, with and without the shortlist.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from translate_throughput import attnkit_decoder, ct2_decoder, length_sorted_bat
 
 from attnkit import fast
 from attnkit.checkpoint import resolve_checkpoint
+from attnkit.data.shortlist import VocabularyMap
 from attnkit.evaluate import bleu
 from attnkit.evaluate.results import write_results
 from attnkit.fast.memory import keep_freed_memory
@@ -86,6 +92,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="how many times each cell's turns are run and timed")
     ap.add_argument("--no-compile", dest="compile", action="store_false",
                     help="attnkit decodes eagerly at every precision (default: compiled, as --compile)")
+    ap.add_argument("--shortlist", metavar="VMAP", help="a vocabulary map: fp32 and int8 with it, both systems")
     ap.add_argument("--out", default="bench/results/decode_precision.json")
     args = ap.parse_args()
     keep_freed_memory()
@@ -103,8 +110,9 @@ def main() -> int:
         return length_sorted_batches(ids, chosen, size, d), chosen
 
     systems: dict[str, dict] = {}
+    vmap = None if args.shortlist is None else VocabularyMap.read(args.shortlist, toks.src, toks.tgt)
     with tempfile.TemporaryDirectory() as tmp:
-        ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
+        ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2", vmap=args.shortlist)
         # compiled as the command line and attnkit.load(...).translate compile (Model.compile): the search steps and
         # the encoder ahead of time, kept in the user's cache (a second run of this bench loads them)
         options = {"compile": True, "freeze": True, "ahead_of_time": True, "cache": True, "encoder": False} \
@@ -113,8 +121,13 @@ def main() -> int:
         decoders = {name: attnkit_decoder(d) for name, d in ours.items()}
         if args.compile:
             decoders["attnkit_fp32_eager"] = attnkit_decoder(fast.decoder(model))
-        decoders |= {"ctranslate2_float32": ct2_decoder(ct2.translator(ct2_dir, "float32", args.threads), toks),
-                     "ctranslate2_int8": ct2_decoder(ct2.translator(ct2_dir, "int8", args.threads), toks)}
+        ct2_translators = {t: ct2.translator(ct2_dir, t, args.threads) for t in ("float32", "int8")}
+        decoders |= {f"ctranslate2_{t}": ct2_decoder(translator, toks) for t, translator in ct2_translators.items()}
+        if vmap is not None:  # the same decoders, scoring each batch's shortlist
+            shortlisted = [p for p in ("fp32", "int8") if p in precisions]
+            decoders |= {f"attnkit_{p}_shortlist": attnkit_decoder(ours[f"attnkit_{p}"], vmap) for p in shortlisted}
+            decoders |= {f"ctranslate2_{t}_vmap": ct2_decoder(ct2_translators[t], toks, use_vmap=True)
+                         for t in ("float32", "int8") if ("fp32" if t == "float32" else t) in shortlisted}
         systems = {name: {} for name in decoders}
         for beam in (1, 5):
             for size in (1, 64):
@@ -154,16 +167,29 @@ def main() -> int:
         for p in precisions[1:]:
             ratios[f"attnkit_{p}_over_attnkit_fp32/{label}"] = round(
                 speed(f"attnkit_{p}", label) / speed("attnkit_fp32", label), 3)
+        for p, t in (("fp32", "float32"), ("int8", "int8")):
+            if f"attnkit_{p}_shortlist" in systems:
+                ratios[f"attnkit_{p}_shortlist_over_ctranslate2_{t}_vmap/{label}"] = round(
+                    speed(f"attnkit_{p}_shortlist", label) / speed(f"ctranslate2_{t}_vmap", label), 3)
+                ratios[f"attnkit_{p}_shortlist_over_attnkit_{p}/{label}"] = round(
+                    speed(f"attnkit_{p}_shortlist", label) / speed(f"attnkit_{p}", label), 3)
+    shortlisted = [name[len("attnkit_"):-len("_shortlist")] for name in systems if name.endswith("_shortlist")]
     metrics = {"precisions": precisions,
                "bleu_minus_fp32": {f"{p}/{label}": round(systems[f"attnkit_{p}"][label]["bleu"]
                                                          - systems["attnkit_fp32"][label]["bleu"], 2)
                                    for p in precisions[1:] for label in labels if "batch64" in label},
+               # BLEU with the shortlist minus BLEU without it, at the same precision
+               "bleu_shortlist_effect": {f"{p}/{label}": round(systems[f"attnkit_{p}_shortlist"][label]["bleu"]
+                                                               - systems[f"attnkit_{p}"][label]["bleu"], 2)
+                                         for p in shortlisted for label in labels if "batch64" in label},
                "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))),
                "attnkit": "compiled (--compile, the default for a server or a large file)" if args.compile
                else "eager (--no-compile)",
                "targets": {"bleu_within": 0.3, "over_ctranslate2": 1.0}}
     print("ratios:", ratios)
     print("BLEU - fp32 BLEU:", metrics["bleu_minus_fp32"])
+    if shortlisted:
+        print("BLEU with the shortlist - without:", metrics["bleu_shortlist_effect"])
     if args.compile:  # what each compiled search step became: kept, or dropped for the eager step, and why
         metrics["compiled_steps"] = {name: steps_kept(d) for name, d in ours.items()}
         print("compiled steps:", metrics["compiled_steps"])
@@ -172,7 +198,7 @@ def main() -> int:
         print("wide searches from:", metrics["wide_sentences"])
     write_results(args.out, "decode_precision", " ".join(["python", *sys.argv]), metrics, systems=systems,
                   ratios=ratios, checkpoint=str(path), sentences=n, batch1_sentences=min(n, args.batch1_sentences),
-                  threads=args.threads, repeats=args.repeats)
+                  threads=args.threads, repeats=args.repeats, shortlist=args.shortlist)
     print(args.out)
     return 0
 

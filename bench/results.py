@@ -594,9 +594,15 @@ def _decode_precision(r: dict, name: str) -> str:
         counts = "; ".join(f"{name}: {number(n, 0)}" for name, n in wide.items())
         lines.append("Searches of this many sentences or more ran graphs whose linear layers are oneDNN's products of "
                      f"packed weights (`WIDE_GRAPH`): {counts}.")
+    effect = get(r, "metrics", "bleu_shortlist_effect", default={})
+    if effect:
+        lines.append(f"With the vocabulary shortlist `{text(_local(r.get('shortlist')))}` (the `_shortlist` columns: "
+                     "`--shortlist`; CTranslate2's `_vmap` columns: the same map, `use_vmap`), BLEU minus BLEU "
+                     "without it at the same precision: " + "; ".join(
+                         f"{text(k)} {'+' if v > 0 else ''}{number(v, 2)}" for k, v in effect.items()) + ".")
     lines += ["", "attnkit over CTranslate2 at the same precision, cell by cell (the target is at least 1.0x):", ""]
     ratios = r.get("ratios", {})
-    pairs = [("fp32", "float32"), ("int8", "int8")]
+    pairs = [("fp32", "float32"), ("int8", "int8"), ("fp32_shortlist", "float32_vmap"), ("int8_shortlist", "int8_vmap")]
     lines += ["| attnkit / CTranslate2 | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for ours, theirs in pairs:
         key = f"attnkit_{ours}_over_ctranslate2_{theirs}"

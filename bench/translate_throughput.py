@@ -56,9 +56,12 @@ from attnkit.fast.memory import keep_freed_memory
 from attnkit.models import EOS, PAD
 
 
-def attnkit_decoder(model):
+def attnkit_decoder(model, shortlist=None):
+    """``shortlist``: a vocabulary map, whose candidates for each batch's sources are the only tokens scored."""
     def decode(src, lens, beam, len_penalty):
-        return [h[0].tokens for h in generate(model, src, lens, beam_size=beam, len_penalty=len_penalty)]
+        vocabulary = None if shortlist is None else shortlist.candidates([row[row != PAD].tolist() for row in src])
+        return [h[0].tokens for h in generate(model, src, lens, beam_size=beam, len_penalty=len_penalty,
+                                              vocabulary=vocabulary)]
     return decode
 
 
@@ -77,13 +80,13 @@ def hf_decoder(hf):
     return decode
 
 
-def ct2_decoder(translator, toks):
+def ct2_decoder(translator, toks, use_vmap: bool = False):
     from attnkit.export.ct2 import ct2_generate
 
     def decode(src, lens, beam, len_penalty):
         ids = [[i for i in row if i != PAD] for row in src.tolist()]  # one conversion, not a tensor per element
         return ct2_generate(translator, toks, ids, lens.tolist(), beam_size=beam, len_penalty=len_penalty,
-                            batch_size=len(ids))
+                            batch_size=len(ids), use_vmap=use_vmap)
     return decode
 
 

@@ -17,13 +17,14 @@ except _mkl.MklChoiceError:  # refused in one line by the command line and by lo
     pass
 
 
-def load(path, precision: str = "fp32", compile: bool | None = None):
+def load(path, precision: str = "fp32", compile: bool | None = None, shortlist=False):
     """A trained model from a run or checkpoint directory, decoding at ``precision``, compiled or not (by default
-    where :func:`attnkit.fast.compiles_by_default`): :func:`attnkit.api.load`."""
+    where :func:`attnkit.fast.compiles_by_default`), translating with a vocabulary shortlist or not:
+    :func:`attnkit.api.load`."""
     from attnkit.api import load as load_model
 
     _mkl.choice(os.environ)  # a misspelt ATTNKIT_MKL is refused here, as on the command line
-    return load_model(path, precision, compile)
+    return load_model(path, precision, compile, shortlist)
 
 
 __all__ = ["__version__", "load"]

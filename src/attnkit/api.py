@@ -64,12 +64,15 @@ class Model:
     one WordPiece tokenizer.
     """
 
-    def __init__(self, module, config, tokenizers, path: Path, precision: str = "fp32", compile: bool | None = None):
+    def __init__(self, module, config, tokenizers, path: Path, precision: str = "fp32", compile: bool | None = None,
+                 shortlist: bool | str | Path = False):
         from attnkit import fast
         from attnkit.models.contract import GenerativeModel
 
         self.module, self.config, self.tokenizers, self.path = module, config, tokenizers, Path(path)
         self.precision = precision
+        # the vocabulary map whose shortlists translation scores (None: the whole vocabulary)
+        self.vocabulary_map = None if shortlist is False else self._vocabulary_map(shortlist)
         self.generative = isinstance(module, GenerativeModel)
         # the module's own decoder (fp32, eager, over the module itself, which interventions reach) draws the
         # attention; what translates may be a copy, at a lower precision or compiled
@@ -136,6 +139,23 @@ class Model:
                                      ahead_of_time=ahead_of_time, cache=cache, encoder=encoder)
         return self
 
+    def _vocabulary_map(self, shortlist: bool | str | Path):
+        """The vocabulary map at ``shortlist`` (a path), or with True ``vmap.txt`` beside the checkpoint, else in its
+        run directory (where ``attnkit shortlist`` writes it)."""
+        from attnkit.data.shortlist import VocabularyMap
+
+        self.require("translate")
+        if self.source != "tokens":
+            raise AttnkitError(f"shortlist: a {self.family} model does not translate tokens")
+        if shortlist is True:
+            places = [self.path / "vmap.txt", self.path.parent.parent / "vmap.txt"]
+            found = next((p for p in places if p.is_file()), None)
+            if found is None:
+                raise AttnkitError(f"shortlist: no vmap.txt beside {self.path} or in its run directory (make one "
+                                   "with attnkit shortlist RUN, or give its path)")
+            shortlist = found
+        return VocabularyMap.read(shortlist, self.tokenizers.src, self.tokenizers.tgt)
+
     # --- what a family can do
 
     def translate(self, sentences: str | list[str], beam: int | None = None, len_penalty: float | None = None,
@@ -153,9 +173,12 @@ class Model:
             self.compile()
         d = self.config.decode
         penalty = d.len_penalty if len_penalty is None else len_penalty
+        if self.vocabulary_map is not None and sampling.get("temperature", 0):
+            raise AttnkitError("temperature: a model loaded with a shortlist translates by greedy decoding or beam "
+                               "search, not by sampling")
         out = translate(self.decoder, self.tokenizers, [sentences] if one else list(sentences),
                         beam_size=beam or d.beam_size, len_penalty=penalty, n_best=n_best, max_len_a=d.max_len_a,
-                        max_len_b=d.max_len_b, batch_tokens=batch_tokens, **sampling)
+                        max_len_b=d.max_len_b, batch_tokens=batch_tokens, shortlist=self.vocabulary_map, **sampling)
         result = out if details else [t.text[0] if n_best == 1 else t.text for t in out]
         return result[0] if one else result
 
@@ -476,15 +499,18 @@ class Model:
         return self.tokenizers.src.pieces(source) + ["</s>"]
 
 
-def load(path: str | Path, precision: str = "fp32", compile: bool | None = None) -> Model:
+def load(path: str | Path, precision: str = "fp32", compile: bool | None = None,
+         shortlist: bool | str | Path = False) -> Model:
     """The model of a run directory (its best checkpoint, else averaged, else last) or of a checkpoint directory,
     verified and in eval mode. ``precision`` ("fp32", "bf16", "int8") is what decoding (translate, generate,
     caption) computes in, where this machine has the instructions for it (else a one-line error); scores and
     attention maps are computed in fp32. ``compile``: whether decoding is compiled (:meth:`Model.compile`), when the
     model first decodes; by default (None) a translation model whose steps compile ahead of time is compiled at its
-    first ``translate`` of enough sentences to repay it (:func:`attnkit.fast.compiles_by_default`)."""
+    first ``translate`` of enough sentences to repay it (:func:`attnkit.fast.compiles_by_default`). ``shortlist``: a
+    translation model scores only each batch's candidate target tokens (:mod:`attnkit.data.shortlist`), from the
+    vocabulary map at that path, or with True the one ``attnkit shortlist`` wrote for its run."""
     module, config, tokenizers, directory = load_checkpoint(path)
-    return Model(module, config, tokenizers, directory, precision, compile)
+    return Model(module, config, tokenizers, directory, precision, compile, shortlist)
 
 
 __all__ = ["Attention", "Model", "load"]

@@ -34,6 +34,10 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-best", type=int, default=1)
     _add_compile_arg(p)
     _add_precision_arg(p)
+    p.add_argument("--shortlist", nargs="?", const=True, default=False, metavar="VMAP",
+                   help="score only each batch's candidate target tokens, from a vocabulary map (CTranslate2's "
+                        "vmap.txt format; default: the one attnkit shortlist wrote for the run): faster, and a "
+                        "sentence's output may then depend on the sentences batched with it")
 
 
 def _add_compile_arg(p: argparse.ArgumentParser) -> None:
@@ -256,14 +260,15 @@ def _decode_options(args, cfg) -> dict:
 
 def _load_for_decoding(args, sentences: int, capability: str = "translate"):
     """The checkpoint of ``--checkpoint`` (one line and exit 2 unless its family can ``capability``) -> (its fast
-    decoder, config, tokenizers, checkpoint dir). Compiled (--compile, or by default where
-    :func:`~attnkit.fast.compiles_by_default` for a job of ``sentences``), the search steps run ahead of time
-    (AOTInductor), the weights frozen unless one sentence is decoded greedily."""
+    decoder, config, tokenizers, checkpoint dir, the vocabulary map of ``--shortlist`` or None). Compiled
+    (--compile, or by default where :func:`~attnkit.fast.compiles_by_default` for a job of ``sentences``), the search
+    steps run ahead of time (AOTInductor), the weights frozen unless one sentence is decoded greedily."""
     from attnkit.api import load
     from attnkit.fast import compiles_by_default
 
     _check_decode_args(args)
-    model = load(args.checkpoint, precision=getattr(args, "precision", "fp32"), compile=False)
+    model = load(args.checkpoint, precision=getattr(args, "precision", "fp32"), compile=False,
+                 shortlist=getattr(args, "shortlist", False))
     if capability not in model.capabilities and "classify" in model.capabilities:
         raise AttnkitError(f"{args.checkpoint}: a {model.family} model cannot {capability}; it classifies "
                            "(attnkit classify, or attnkit evaluate --data FILE)")
@@ -272,7 +277,7 @@ def _load_for_decoding(args, sentences: int, capability: str = "translate"):
     if compile or (compile is None and compiles_by_default(model.module, sentences)):
         beam = args.beam or model.config.decode.beam_size
         model.compile(freeze=beam > 1 or sentences > 1)
-    return model.decoder, model.config, model.tokenizers, model.path
+    return model.decoder, model.config, model.tokenizers, model.path, model.vocabulary_map
 
 
 def cmd_translate(args) -> int:
@@ -287,8 +292,8 @@ def cmd_translate(args) -> int:
         chunks, expected = [sources], len(sources)
     else:
         chunks, expected = StreamLines(max_tokens=args.batch_tokens), 2  # a stream: likely more than one line
-    model, cfg, toks, _ = _load_for_decoding(args, expected)
-    options = _decode_options(args, cfg)
+    model, cfg, toks, _, vocabulary_map = _load_for_decoding(args, expected)
+    options = _decode_options(args, cfg) | {"shortlist": vocabulary_map}
     limit, name = cfg.decode.max_source_tokens, args.input if args.input and args.input != "-" else "stdin"
     if args.input and args.input != "-":
         _check_source_lengths(sources, toks.src, limit, name)  # before --output is opened (and emptied)
@@ -353,8 +358,8 @@ def cmd_evaluate(args) -> int:
     sources, refs = read_lines(args.src), read_lines(args.ref)
     if len(sources) != len(refs):
         raise AttnkitError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
-    model, cfg, toks, path = _load_for_decoding(args, len(sources))
-    options = _decode_options(args, cfg)
+    model, cfg, toks, path, vocabulary_map = _load_for_decoding(args, len(sources))
+    options = _decode_options(args, cfg) | {"shortlist": vocabulary_map}
     _check_source_lengths(sources, toks.src, cfg.decode.max_source_tokens, args.src)
     hyps = [t.text[0] for t in translate(model, toks, sources, **options)]
     lowercase = cfg.data.lowercase  # a model that writes lowercased text is scored case-insensitively
@@ -772,6 +777,35 @@ def cmd_embed(args) -> int:
     return 0
 
 
+def cmd_shortlist(args) -> int:
+    """Learn a vocabulary map from the run's training pairs (IBM Model 1) and write it, CTranslate2's vmap.txt."""
+    from attnkit.checkpoint import load_checkpoint
+    from attnkit.data import encode_pairs
+    from attnkit.data.prepare import load_split
+    from attnkit.data.shortlist import build_vocabulary_map
+
+    for option in ("per_source", "frequent"):
+        if getattr(args, option) < 0:
+            raise AttnkitError(f"--{option.replace('_', '-')} {getattr(args, option)}: must be 0 or more")
+    module, cfg, toks, directory = load_checkpoint(args.checkpoint)
+    if "translate" not in module.capabilities or not hasattr(toks, "tgt"):
+        raise AttnkitError(f"{args.checkpoint}: a {module.family} model does not translate; a shortlist is a "
+                           "translation model's")
+    out = Path(args.output) if args.output else \
+        (directory.parent.parent if directory.parent.name == "checkpoints" else directory) / "vmap.txt"
+    _check_output(out)
+    if out.exists() and not args.overwrite:
+        raise AttnkitError(f"--output {out}: exists (--overwrite replaces it)")
+    pairs = encode_pairs(toks, load_split(cfg.data, "train", args.data_dir))
+    vmap = build_vocabulary_map(pairs.src, pairs.tgt, toks.src.vocab_size, toks.tgt.vocab_size,
+                                per_source=args.per_source, frequent=args.frequent)
+    vmap.write(out, toks.src, toks.tgt)
+    print(out)
+    print(f"{len(vmap.rules)} source tokens with candidates, {len(vmap.always)} always candidates, "
+          f"from {len(pairs.src)} training pairs", file=sys.stderr)
+    return 0
+
+
 def cmd_average(args) -> int:
     from attnkit.train import average_checkpoints
 
@@ -961,6 +995,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="save to a .npy or .safetensors file ('embeddings') instead of printing")
     p.add_argument("--batch-size", type=int, default=32)
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("shortlist", help="learn a vocabulary map (which target tokens may translate each source "
+                                         "token) from a run's training pairs, for translate --shortlist")
+    p.add_argument("checkpoint", help="a checkpoint or run directory of a translation model")
+    p.add_argument("--output", "-o", help="default: vmap.txt in the run directory")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--data-dir", help="default: $ATTNKIT_DATA, then ../shared/data")
+    p.add_argument("--per-source", type=int, default=20,
+                   help="each source token's most likely translations kept (IBM Model 1), beyond the frequent ones")
+    p.add_argument("--frequent", type=int, default=100, help="the most frequent target tokens, always candidates")
+    p.set_defaults(func=cmd_shortlist)
 
     p = sub.add_parser("average", help="average the weights of checkpoints")
     p.add_argument("checkpoints", nargs="+")

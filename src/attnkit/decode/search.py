@@ -116,6 +116,13 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
+def in_vocabulary(positions: Tensor, state) -> Tensor:
+    """Token ids of ``positions`` in the log-probabilities of a step that returned ``state``: the same, but for a
+    shortlist (``state.vocabulary``), whose positions map to ids through it. EOS's position is its id either way."""
+    vocabulary = state.vocabulary
+    return positions if vocabulary is None else vocabulary[positions]
+
+
 def _end_at_limits(log_probs: Tensor, tokens: Tensor, limits: Tensor, t: int) -> tuple[Tensor, Tensor]:
     """tokens [N] chosen at step ``t`` -> (tokens with EOS where a row reaches its limit [N], their log-probs [N])."""
     tokens = tokens.masked_fill(limits <= t + 1, EOS)
@@ -128,7 +135,8 @@ def greedy_step(step, tokens: Tensor, state, limits: Tensor, t: int, need_weight
     tokens [N], limits [N] (the longest output allowed per row) -> (next tokens [N], their log-probabilities [N],
     state, attention)."""
     log_probs, state, attn = step(tokens, state, need_weights)
-    return *_end_at_limits(log_probs, argmax(log_probs), limits, t), state, attn
+    positions, scores = _end_at_limits(log_probs, argmax(log_probs), limits, t)
+    return in_vocabulary(positions, state), scores, state, attn
 
 
 def _search_step(model, search_step):
@@ -155,6 +163,8 @@ def sample(model, state, max_lens: Tensor, temperature: float = 1.0, top_k: int 
     if temperature == 0 and whole is not None and prefix is None and on_token is None and on_step is None \
             and not need_weights and (found := whole(state, max_lens)) is not None:
         return found
+    if state.vocabulary is not None and (temperature != 0 or prefix is not None):
+        raise ValueError("a vocabulary shortlist serves greedy decoding and beam search, not sampling or a prefix")
     dev = model_device(model)
     n, limit = max_lens.size(0), int(max_lens.max())
     rows = torch.arange(n, device=dev)  # the batch row of each sentence still decoding; finished ones leave
@@ -272,7 +282,7 @@ def beam_step(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limi
     pick = torch.where(going, rank, rank + 2 * k).topk(k, dim=1, largest=False).indices  # [m, k], in rank order
     candidate_rows = top_beam + torch.arange(m, device=dev)[:, None] * k
     rows = candidate_rows.gather(1, pick).view(-1)
-    tokens = top_token.gather(1, pick).view(-1)
+    tokens = in_vocabulary(top_token.gather(1, pick).view(-1), state)
     scores = top_scores.gather(1, pick).masked_fill(~going.gather(1, pick), float("-inf"))
     # every row stays with its own sentence: the source side of the state is left as it is
     history = torch.cat([history[rows], tokens[:, None]], 1)
@@ -357,11 +367,15 @@ def beam_search(model, state, max_lens: Tensor, beam_size: int = 5, len_penalty:
 def generate(model, src, max_lens: Tensor, beam_size: int = 1, len_penalty: float = 1.0, n_best: int = 1,
              need_weights: bool = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              generator: torch.Generator | None = None,
-             on_step: Callable[[SearchStep], None] | None = None) -> list[list[Hypothesis]]:
+             on_step: Callable[[SearchStep], None] | None = None,
+             vocabulary: Tensor | None = None) -> list[list[Hypothesis]]:
     """Encode ``src`` once, then search: beam search when ``beam_size > 1``, else greedy (``temperature == 0``)
     or sampling. Returns the n-best list of every batch row. No autograd graph is recorded, encoder included.
-    ``on_step``: see :class:`SearchStep`."""
+    ``on_step``: see :class:`SearchStep`. ``vocabulary``: a shortlist, the only target ids [K] the search scores
+    (``model.restrict_vocabulary``)."""
     state = model.init_state(model.encode(src.to(model_device(model))))
+    if vocabulary is not None:
+        state = model.restrict_vocabulary(state, vocabulary)
     if beam_size > 1 and temperature == 0:
         return beam_search(model, state, max_lens, beam_size, len_penalty, n_best, need_weights, on_step=on_step)
     return [[h] for h in sample(model, state, max_lens, temperature, top_k, top_p, generator, need_weights,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit.data import Tokenizers, pad, token_batches
+from attnkit.data.shortlist import VocabularyMap
 from attnkit.decode.search import Hypothesis, generate, max_lengths
 from attnkit.tokens import EOS
 
@@ -22,10 +23,11 @@ class Translation:
 def translate(model, toks: Tokenizers, sentences: list[str], beam_size: int = 5, len_penalty: float = 1.0,
               n_best: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, batch_tokens: int = 4000,
               need_weights: bool = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-              seed: int | None = None) -> list[Translation]:
+              seed: int | None = None, shortlist: VocabularyMap | None = None) -> list[Translation]:
     """Translate in length-sorted batches of at most ``batch_tokens`` source tokens; results keep input order.
 
-    ``beam_size == 1`` with ``temperature == 0`` is greedy; ``temperature > 0`` samples.
+    ``beam_size == 1`` with ``temperature == 0`` is greedy; ``temperature > 0`` samples. ``shortlist``: each batch
+    scores only its source tokens' candidates (:meth:`VocabularyMap.candidates`).
     """
     model.eval()
     ids = [s + [EOS] for s in toks.src.encode(sentences)]
@@ -33,8 +35,9 @@ def translate(model, toks: Tokenizers, sentences: list[str], beam_size: int = 5,
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     for batch in token_batches([len(s) - 1 for s in ids], [0] * len(ids), batch_tokens):
         lens = max_lengths(torch.tensor([len(ids[i]) - 1 for i in batch]), max_len_a, max_len_b)
+        vocabulary = None if shortlist is None else shortlist.candidates([ids[i] for i in batch])
         nbest = generate(model, pad([ids[i] for i in batch]), lens, beam_size, len_penalty, n_best, need_weights,
-                         temperature, top_k, top_p, generator)
+                         temperature, top_k, top_p, generator, vocabulary=vocabulary)
         for i, hyps in zip(batch, nbest):
             results[i] = Translation(sentences[i], hyps, [toks.tgt.decode(h.tokens) for h in hyps])
     return results

@@ -73,13 +73,16 @@ def _converter(marian_dir: Path):
     return Converter()
 
 
-def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str | None = None) -> Path:
+def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str | None = None,
+                       vmap: str | Path | None = None) -> Path:
     """Write a CTranslate2 model directory (model.bin, shared_vocabulary.json or source/target vocabularies,
-    config.json) plus the SentencePiece models, source.spm and target.spm, to tokenize with."""
+    config.json) plus the SentencePiece models, source.spm and target.spm, to tokenize with; with ``vmap`` (a
+    vocabulary map, :mod:`attnkit.data.shortlist`) its copy, which ``translate_batch(..., use_vmap=True)`` reads."""
     out = empty_output(out)
     with tempfile.TemporaryDirectory() as tmp:
         marian = export_huggingface(checkpoint, Path(tmp) / "marian")
-        _converter(marian).convert(str(out), quantization=quantization, force=True)
+        _converter(marian).convert(str(out), vmap=None if vmap is None else str(vmap), quantization=quantization,
+                                   force=True)
         for name in ("source.spm", "target.spm"):
             shutil.copyfile(marian / name, out / name)
     return out
@@ -91,19 +94,20 @@ def translator(directory: str | Path, compute_type: str = "float32", threads: in
 
 
 def ct2_generate(translator, toks, src_ids: list[list[int]], max_lens: list[int], beam_size: int = 1,
-                 len_penalty: float = 1.0, batch_size: int = 64) -> list[list[int]]:
+                 len_penalty: float = 1.0, batch_size: int = 64, use_vmap: bool = False) -> list[list[int]]:
     """Decode id sequences (each ending in EOS) with CTranslate2; returns output ids without EOS.
 
     A batch runs to its longest limit and each output is cut to its own (at most max_lens[i] tokens counting
     EOS): for greedy decoding that is exactly attnkit's limit, since a greedy prefix never depends on the
-    length allowed. CTranslate2 works on pieces: the ids go through them."""
+    length allowed. CTranslate2 works on pieces: the ids go through them. ``use_vmap``: each batch scores only the
+    candidates of the model's vocabulary map (exported with ``vmap``)."""
     pieces = [toks.src.id_to_piece(s) for s in src_ids]
     out = []
     for i in range(0, len(pieces), batch_size):
         limits = max_lens[i:i + batch_size]
         results = translator.translate_batch(pieces[i:i + batch_size], beam_size=beam_size,
                                              length_penalty=len_penalty, max_decoding_length=max(limits),
-                                             max_batch_size=batch_size)
+                                             max_batch_size=batch_size, use_vmap=use_vmap)
         for r, limit in zip(results, limits):
             out.append([toks.tgt.sp.piece_to_id(p) for p in r.hypotheses[0]][:limit - 1])
     return out

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from attnkit.checkpoint import load_checkpoint
 from attnkit.errors import AttnkitError
 from attnkit.models import BOS, EOS, PAD, Transformer
+from attnkit.models.contract import DecodingState
 from attnkit.models.transformer import DecoderState, Memory
 from attnkit.nn import KVCache
 
@@ -141,7 +142,7 @@ def _export(module: nn.Module, args: tuple, path: Path, input_names, output_name
 
 
 @dataclass
-class OnnxState:
+class OnnxState(DecodingState):
     """The decoding state of :class:`OnnxTransformer`: the source and the caches, numpy arrays."""
 
     src: np.ndarray  # [B, S]

@@ -12,9 +12,11 @@
 * :func:`classifier` copies a classifier with the fused attention kernel, at fp32, bf16 or int8.
 * bf16 and int8 decoding and classifying, where the CPU has the instructions for them
   (:mod:`attnkit.fast.precision`).
+* A vocabulary shortlist: decoding steps that score only a batch's candidate target tokens
+  (:mod:`attnkit.fast.shortlist`, ``decoder.restrict_vocabulary``).
 
 The kernels and module tricks (attention, dropout, loss, ranking, memory, runtime) sit beside the core and import
-only it; the decoders (decoding, compile, aot) sit beside :mod:`attnkit.decode` and import the models and the
+only it; the decoders (decoding, shortlist, compile, aot) sit beside :mod:`attnkit.decode` and import the models and the
 search, never training. Importing this package does not import the compilers; :func:`compile_step` does when called.
 """
 

@@ -509,6 +509,10 @@ class _Package:
         if single:
             for sizes in dynamic:
                 sizes[0] = Dim.STATIC
+        # a state's tensors that are the same for every row (a shortlist's [1, K], the output rows [d_model, K]):
+        # their first dim a constant, their last (the shortlist's length) a symbol, in every graph
+        for i in range(1 + state_size - state.unbatched, 1 + state_size):
+            dynamic[i][0] = Dim.STATIC
         return cls.export(aot.model, search_step, flat, dynamic, path, options)
 
     @classmethod
@@ -535,14 +539,14 @@ class _Package:
 
         # Traced with one sentence, a graph computed wrong rows for three (an Inductor kernel specialised on the
         # size 1 it saw, though the exported program was right): the example has every input twice over along
-        # its first dim, the batch's, which all of them are; only sizes matter to the trace, not values. A call
-        # with another dim of size 1 (the caches at t == 1) does not build. The example's tensors are fresh and
-        # contiguous, as the graph reads its inputs (a size-1 dim may have any stride), and sizes that happen to
-        # be equal stay separate symbols.
+        # its first dim, the batch's (every input whose first dim is not a constant); only sizes matter to the
+        # trace, not values. A call with another dim of size 1 (the caches at t == 1) does not build. The
+        # example's tensors are fresh and contiguous, as the graph reads its inputs (a size-1 dim may have any
+        # stride), and sizes that happen to be equal stay separate symbols.
         # A graph whose batch sizes are all fixed is traced with them as they are.
         fixed = all(x.dim() == 0 or sizes.get(0) == Dim.STATIC for x, sizes in zip(flat, dynamic, strict=True))
-        example = tuple(x.clone(memory_format=torch.contiguous_format) if fixed or not x.dim() else torch.cat([x, x])
-                        for x in flat)
+        example = tuple(x.clone(memory_format=torch.contiguous_format) if not x.dim() or sizes.get(0) == Dim.STATIC
+                        else torch.cat([x, x]) for x, sizes in zip(flat, dynamic, strict=True))
         with torch.no_grad(), fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
             program = torch.export.export(Flat(), example, dynamic_shapes=(tuple(dynamic),), strict=False)
             options = {**(FIXED_GRAPH if fixed else options or GRAPH),

@@ -212,6 +212,9 @@ class CompiledDecoder(nn.Module):
             return memory.state
         return self._init_state(memory)
 
+    def restrict_vocabulary(self, state: DecodingState, ids: Tensor) -> DecodingState:
+        return self.decoder.restrict_vocabulary(state, ids)
+
     def forward(self, *args, **kwargs):
         return self.decoder(*args, **kwargs)
 

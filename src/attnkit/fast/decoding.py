@@ -25,8 +25,10 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.decode.search import beam_step, greedy_step
+from attnkit.errors import AttnkitError
 from attnkit.fast.attention import single_query_attention
 from attnkit.fast.ranking import argmax_rows, best_extensions
+from attnkit.fast.shortlist import output_rows, shortlisted_logits, shortlisted_output
 from attnkit.models.contract import DecodingState, GenerativeModel, beam_rows, mean_step_attention
 from attnkit.models.transformer import EncoderDecoder, Memory
 
@@ -93,17 +95,22 @@ class GroupedDecoderState(DecodingState):
         as beam search keeps them."""
         caches = [c.reorder(indices) for c in self.caches]  # gathered by the next step, as it appends
         if same_source:
-            return GroupedDecoderState(self.memory, self.memory_kv, caches, self.offset, self.beams)
+            return self.replaced(self.memory, self.memory_kv, caches, self.offset, self.beams)
         sources = indices if self.beams == 1 else indices[:: self.beams] // self.beams
-        return GroupedDecoderState(self.memory.select(sources), [kv.select(sources) for kv in self.memory_kv],
-                                   caches, self.offset, self.beams)
+        return self.replaced(self.memory.select(sources), [kv.select(sources) for kv in self.memory_kv], caches,
+                             self.offset, self.beams)
 
     def repeat_beams(self, k: int) -> GroupedDecoderState:
         """Every row becomes ``k`` rows, its beams; the source side stays one row per sentence."""
         if self.beams != 1:
             raise ValueError("the state already holds beams")
         rows = beam_rows(self.memory.states.size(0), k, self.device)
-        return GroupedDecoderState(self.memory, self.memory_kv, [c.reorder(rows) for c in self.caches], self.offset, k)
+        return self.replaced(self.memory, self.memory_kv, [c.reorder(rows) for c in self.caches], self.offset, k)
+
+    def replaced(self, memory: Memory, memory_kv: list[ReorderedKVCache], caches: list[ReorderedKVCache], offset: int,
+                 beams: int) -> GroupedDecoderState:
+        """A state of this kind with these parts (a subclass keeps what it adds)."""
+        return GroupedDecoderState(memory, memory_kv, caches, offset, beams)
 
     def tensors(self) -> list[Tensor]:
         """The state as flat tensors (for ``torch.export``, :mod:`attnkit.fast.aot`): the memory's states and
@@ -117,6 +124,9 @@ class GroupedDecoderState(DecodingState):
                 *(x for kv in self.memory_kv for x in (kv.keys, kv.values)),
                 *(x for c in self.caches for x in (c.keys, c.values)), order]
 
+    # how many of the last of :meth:`tensors` are not one row per hypothesis but the same for every row
+    unbatched = 0
+
     @classmethod
     def from_tensors(cls, tensors: list[Tensor], beams: int) -> GroupedDecoderState:
         """The state :meth:`tensors` listed. Its offset is the caches' length: exported, a size, not a constant."""
@@ -126,6 +136,35 @@ class GroupedDecoderState(DecodingState):
                    [ReorderedKVCache(*memory_kv[i:i + 2]) for i in range(0, 2 * layers, 2)],
                    [ReorderedKVCache(*caches[i:i + 2], order) for i in range(0, 2 * layers, 2)], caches[0].size(2),
                    beams)
+
+
+@dataclass
+class ShortlistedState(GroupedDecoderState):
+    """The grouped state of a search whose steps score only a shortlist of target tokens
+    (:mod:`attnkit.fast.shortlist`): ``shortlist`` [1, K] their ids, ``output`` the output layer's rows for them
+    (weight [d_model, K], scale [1, K], bias [1, K]), the same for every row of the search."""
+
+    shortlist: Tensor | None = None
+    output: tuple[Tensor, ...] = ()
+
+    unbatched = 4
+
+    @property
+    def vocabulary(self) -> Tensor:
+        return self.shortlist[0]
+
+    def replaced(self, memory: Memory, memory_kv: list[ReorderedKVCache], caches: list[ReorderedKVCache], offset: int,
+                 beams: int) -> ShortlistedState:
+        return ShortlistedState(memory, memory_kv, caches, offset, beams, self.shortlist, self.output)
+
+    def tensors(self) -> list[Tensor]:
+        """The grouped state's tensors, then the shortlist and the output layer's rows for it."""
+        return [*super().tensors(), self.shortlist, *self.output]
+
+    @classmethod
+    def from_tensors(cls, tensors: list[Tensor], beams: int) -> ShortlistedState:
+        base = GroupedDecoderState.from_tensors(tensors[:-cls.unbatched], beams)
+        return cls(base.memory, base.memory_kv, base.caches, base.offset, beams, tensors[-4], tuple(tensors[-3:]))
 
 
 def _grouped_cross_attention(attn, h: Tensor, padding_mask: Tensor, kv: ReorderedKVCache, need_weights: bool,
@@ -166,7 +205,8 @@ def _grouped_layer(layer, x: Tensor, padding_mask: Tensor, kv: ReorderedKVCache,
 
 def grouped_step(model: EncoderDecoder, tokens: Tensor, state: GroupedDecoderState, need_weights: bool = False):
     """:meth:`EncoderDecoder.step <attnkit.models.transformer.EncoderDecoder.step>` on a
-    :class:`GroupedDecoderState`: tokens [N] -> (log_probs [N, V], the next state, attention [N, S] or None)."""
+    :class:`GroupedDecoderState`: tokens [N] -> (log_probs [N, V], the next state, attention [N, S] or None); on a
+    :class:`ShortlistedState`, log_probs [N, K] over its shortlist."""
     x = model.tgt_embed(tokens[:, None], offset=state.offset)
     padding_mask = state.memory.padding_mask
     caches, weights = [], []
@@ -175,9 +215,10 @@ def grouped_step(model: EncoderDecoder, tokens: Tensor, state: GroupedDecoderSta
         caches.append(cache)
         weights.append(w)
     attn = mean_step_attention(weights)
-    logits = model.output(model.decoder_norm(x[:, 0]))
+    h = model.decoder_norm(x[:, 0])
+    logits = shortlisted_logits(h, *state.output) if isinstance(state, ShortlistedState) else model.output(h)
     return (torch.log_softmax(logits.float(), dim=-1),
-            GroupedDecoderState(state.memory, state.memory_kv, caches, state.offset + 1, state.beams), attn)
+            state.replaced(state.memory, state.memory_kv, caches, state.offset + 1, state.beams), attn)
 
 
 class FastDecoder(nn.Module):
@@ -192,6 +233,7 @@ class FastDecoder(nn.Module):
         self.grouped = grouped and isinstance(model, EncoderDecoder)
         self.ranking = ranking
         self.family, self.capabilities, self.cfg = model.family, model.capabilities, model.cfg
+        self._output_rows = None  # the output layer as rows, to gather shortlists' from (made when first asked)
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)
@@ -213,6 +255,19 @@ class FastDecoder(nn.Module):
         empty = memory_kv[0].keys.new_zeros
         caches = [ReorderedKVCache(empty(b, h, 0, d_head), empty(b, h, 0, d_head)) for _ in self.model.decoder]
         return GroupedDecoderState(memory, memory_kv, caches)
+
+    def restrict_vocabulary(self, state: DecodingState, ids: Tensor) -> ShortlistedState:
+        """``state`` whose steps score only the target tokens ``ids`` [K] (sorted, the special tokens first:
+        :mod:`attnkit.fast.shortlist`)."""
+        if not isinstance(state, GroupedDecoderState):
+            raise AttnkitError(f"a shortlist needs a Transformer translation model (this is a {self.family} model)")
+        # a tensor of torch's own, whose memory is aligned as a compiled graph assumes: one made from a NumPy array may
+        # not be, and a package then copied it at every step
+        ids = ids.to(state.device, copy=True)
+        if self._output_rows is None:  # the model is not changed after it decodes
+            self._output_rows = output_rows(self.model.output)
+        return ShortlistedState(state.memory, state.memory_kv, state.caches, state.offset, state.beams, ids.view(1, -1),
+                                shortlisted_output(self._output_rows, ids))
 
     def step(self, tokens: Tensor, state: DecodingState, need_weights: bool = False):
         if isinstance(state, GroupedDecoderState):

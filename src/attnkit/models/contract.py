@@ -6,6 +6,7 @@ A generating model (:class:`GenerativeModel`) offers::
     memory = model.encode(source)                        # once per batch: token ids [B, S] or image grids [B, L, D]
     state = model.init_state(memory)                     # a DecodingState: caches, recurrent state, the memory
     log_probs, state, attention = model.step(tokens, state, need_weights)   # tokens [N] -> [N, V], [N, S] or None
+    state = model.restrict_vocabulary(state, ids)        # optional: steps score only ids [K], log_probs [N, K]
     out = model(source, tgt_in, targets=tgt_out)         # teacher forcing -> ModelOutput(loss, nll, logits, attention)
 
 and its state offers ``select(indices)`` (reorder, repeat or drop rows) and ``repeat_beams(k)`` (every row
@@ -80,6 +81,12 @@ class DecodingState:
     def device(self) -> torch.device:
         raise NotImplementedError
 
+    @property
+    def vocabulary(self) -> Tensor | None:
+        """The target token ids [K] that a step's log-probabilities [N, K] range over, in order, the special tokens
+        first (a shortlist: :meth:`GenerativeModel.restrict_vocabulary`); None: the whole vocabulary, by id."""
+        return None
+
     def select(self, indices: Tensor, same_source: bool = False) -> DecodingState:
         raise NotImplementedError
 
@@ -109,6 +116,14 @@ class GenerativeModel(nn.Module):
     def forward(self, source: Tensor | None, tgt_in: Tensor, targets: Tensor | None = None,
                 label_smoothing: float = 0.0, need_weights: bool = False) -> ModelOutput:
         raise NotImplementedError
+
+    def restrict_vocabulary(self, state: DecodingState, ids: Tensor) -> DecodingState:
+        """``state`` whose steps score only the target tokens ``ids`` [K] (sorted, the special tokens first), their
+        log-probabilities renormalized over them (:attr:`DecodingState.vocabulary`): a vocabulary shortlist. A
+        model offers it where its decoder has one (the fast runtime's, for the Transformer)."""
+        from attnkit.errors import AttnkitError
+
+        raise AttnkitError(f"a {self.family} model's decoder has no vocabulary shortlist")
 
     def search_steps(self) -> dict:
         """Search steps (:func:`attnkit.decode.search.greedy_step`, ``beam_step``) that this model runs in place of
