@@ -426,6 +426,28 @@ def test_short_attention_equals_core_over_every_key_length_with_gradients(keys):
             torch.testing.assert_close(fast, core, rtol=1e-5, atol=1e-5, msg=f"{kwargs} {what}")
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("keys", [1, 5, 17])
+def test_broadcast_attention_compiled_equals_core_and_runs_where_a_graph_has_no_autograd(keys, monkeypatch):
+    """The kernel a compiled graph without autograd runs, compiled as such a graph compiles it (dynamic sizes),
+    against the core's attention: key padding with one sequence all padding (a zero output), causal over more keys
+    than queries; and teacher_forced_attention picks it only while compiling without autograd."""
+    torch.manual_seed(keys)
+    b, h, t, dh = 3, 2, 4, 8
+    q, k, v = torch.randn(b, h, t, dh), torch.randn(b, h, keys, dh), torch.randn(b, h, keys, dh)
+    kpm = _padding([keys, max(keys - 2, 1), 0], keys)
+    compiled = torch.compile(fast_attention.teacher_forced_attention, dynamic=True, fullgraph=True)
+    cases = [dict(), dict(key_padding_mask=kpm), *([dict(causal=True)] if keys >= t else [])]
+    broadcast = _count_calls(monkeypatch, fast_attention, "broadcast_attention")
+    for kwargs in cases:
+        out = compiled(q, k, v, kwargs.get("key_padding_mask"), kwargs.get("causal", False))
+        torch.testing.assert_close(out, reference_attention(q, k, v, **kwargs)[0], rtol=1e-5, atol=1e-5,
+                                   msg=str(kwargs))
+    assert len(broadcast) == len(cases)  # traced once a case
+    fast_attention.teacher_forced_attention(q, k, v, kpm)  # eagerly: not it
+    assert len(broadcast) == len(cases)
+
+
 @pytest.mark.parametrize("training", [False, True])
 @pytest.mark.parametrize("family", ["transformer", "transformer_lm"])
 def test_fused_attention_model_equals_core(family, training, monkeypatch):

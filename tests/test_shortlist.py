@@ -27,9 +27,9 @@ VOCAB = 23
 SHORTLIST = torch.tensor([0, 1, 2, 3, 5, 7, 8, 11, 12, 13, 17, 19, 20, 22])  # specials first, then some tokens
 
 
-def _int8_or_skip():
+def _precision_or_skip(precision: str = "int8"):
     try:
-        check_precision("int8")
+        check_precision(precision)
     except AttnkitError as e:
         pytest.skip(str(e))
 
@@ -126,19 +126,21 @@ def test_the_output_rows_of_each_layer_kind_give_its_own_logits_over_the_shortli
 def test_int8_shortlisted_logits_are_int8_logits_of_the_shortlist_exactly(model):
     """Activations are quantized per row, whatever columns are kept: the int8 product over the shortlist's weight
     rows is the int8 layer's output at those columns, to the bit."""
-    _int8_or_skip()
+    _precision_or_skip("int8")
     output = at_precision(model, "int8").output
     h = torch.randn(5, output.in_features)
     assert torch.equal(_logits(output, h), output(h)[:, SHORTLIST])
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_an_int8_shortlisted_search_equals_the_int8_search_with_every_other_token_masked(model, beam):
-    _int8_or_skip()
-    int8 = at_precision(model, "int8")
+def test_a_lower_precision_shortlisted_search_equals_its_search_with_every_other_token_masked(model, precision, beam):
+    _precision_or_skip(precision)
+    lower = at_precision(model, precision)
     src = random_src([5, 3, 7, 4], VOCAB, seed=2)
-    _assert_same(_decode(FastDecoder(int8), src, beam, SHORTLIST), _decode(MaskedCore(int8, SHORTLIST), src, beam))
+    _assert_same(_decode(FastDecoder(lower), src, beam, SHORTLIST), _decode(MaskedCore(lower, SHORTLIST), src, beam),
+                 abs=1e-4 if precision == "int8" else 2e-2)
 
 
 @torch.no_grad()
@@ -167,7 +169,7 @@ def test_ahead_of_time_shortlisted_steps_equal_eager_ones_with_one_graph_for_eve
     from attnkit.fast import compile_step
 
     if precision == "int8":
-        _int8_or_skip()
+        _precision_or_skip("int8")
     base = at_precision(model, precision)
     decoder = compile_step(base, ahead_of_time=True, freeze=True, check=False, encoder=False)
     eager = FastDecoder(base)

@@ -20,6 +20,7 @@ every source sentence with an empty token (NULL) that target tokens with no coun
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -41,26 +42,42 @@ class VocabularyMap:
     candidates for every batch."""
 
     def __init__(self, rules: dict[tuple[int, ...], np.ndarray], always: np.ndarray, target_size: int):
-        self.rules, self.always, self.target_size = rules, np.asarray(always, dtype=np.int64), target_size
+        self.target_size = target_size
+        self.rules = {gram: ids[ids < target_size] for gram, ids in rules.items()}
+        self.always = np.asarray(always, dtype=np.int64)
+        self.always = self.always[self.always < target_size]
         self.longest = max((len(k) for k in rules), default=1)
+        # the rules of single tokens as one array: source token s's candidates are targets[starts[s]:starts[s + 1]]
+        # (a batch's are gathered at once: a dictionary lookup a token took most of a sentence's shortlist)
+        single = {gram[0]: ids for gram, ids in self.rules.items() if len(gram) == 1}
+        counts = np.zeros(max(single, default=-1) + 1, dtype=np.int64)
+        for source, ids in single.items():
+            counts[source] = len(ids)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._targets = np.concatenate([single[s] for s in sorted(single)] or [np.zeros(0, dtype=np.int64)])
+        self._fixed = np.zeros(target_size, dtype=bool)  # the special tokens and the always-candidates
+        self._fixed[[i for i in SPECIAL if i < target_size]] = True
+        self._fixed[self.always] = True
 
     def candidates(self, sources: list[list[int]]) -> Tensor:
         """The shortlist of a batch of source sentences (token ids): [K] target ids, sorted, the special tokens
         first, K a multiple of :data:`MULTIPLE` (or the whole vocabulary, if smaller)."""
-        found = [np.asarray(SPECIAL, dtype=np.int64), self.always]
-        for source in sources:
-            for n in range(1, self.longest + 1):
+        chosen = self._fixed.copy()
+        tokens = np.unique(np.fromiter(itertools.chain.from_iterable(sources), dtype=np.int64))
+        tokens = tokens[(tokens >= 0) & (tokens < len(self._starts) - 1)]
+        starts, counts = self._starts[tokens], self._starts[tokens + 1] - self._starts[tokens]
+        # the positions starts[j] .. starts[j] + counts[j] - 1 of every token j, in one array
+        chosen[self._targets[np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())]] = True
+        for source in sources if self.longest > 1 else ():
+            for n in range(2, self.longest + 1):
                 for i in range(len(source) - n + 1):
                     ids = self.rules.get(tuple(source[i:i + n]))
                     if ids is not None:
-                        found.append(ids)
-        ids = np.unique(np.concatenate(found))
-        ids = ids[ids < self.target_size]
-        missing = -len(ids) % MULTIPLE
+                        chosen[ids] = True
+        missing = -int(chosen.sum()) % MULTIPLE
         if missing:  # the lowest ids not in it (fewer where that is the whole vocabulary)
-            spare = np.setdiff1d(np.arange(min(self.target_size, len(ids) + missing)), ids)[:missing]
-            ids = np.union1d(ids, spare)
-        return torch.from_numpy(ids)
+            chosen[np.flatnonzero(~chosen)[:missing]] = True
+        return torch.from_numpy(np.flatnonzero(chosen))
 
     @classmethod
     def read(cls, path: str | Path, source: Tokenizer, target: Tokenizer) -> VocabularyMap:

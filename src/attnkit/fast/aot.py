@@ -509,7 +509,7 @@ class _Package:
         if single:
             for sizes in dynamic:
                 sizes[0] = Dim.STATIC
-        # a state's tensors that are the same for every row (a shortlist's [1, K], the output rows [d_model, K]):
+        # a state's tensors that are the same for every row (a shortlist's [1, K], the output rows [1, K, d_model]):
         # their first dim a constant, their last (the shortlist's length) a symbol, in every graph
         for i in range(1 + state_size - state.unbatched, 1 + state_size):
             dynamic[i][0] = Dim.STATIC

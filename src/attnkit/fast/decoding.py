@@ -142,7 +142,7 @@ class GroupedDecoderState(DecodingState):
 class ShortlistedState(GroupedDecoderState):
     """The grouped state of a search whose steps score only a shortlist of target tokens
     (:mod:`attnkit.fast.shortlist`): ``shortlist`` [1, K] their ids, ``output`` the output layer's rows for them
-    (weight [d_model, K], scale [1, K], bias [1, K]), the same for every row of the search."""
+    (weight [1, K, d_model], scale [1, K], bias [1, K]), the same for every row of the search."""
 
     shortlist: Tensor | None = None
     output: tuple[Tensor, ...] = ()

@@ -12,8 +12,8 @@ come first (``ids[:4]`` = PAD, UNK, BOS, EOS), so EOS's position is its id and a
 EOS; it maps positions to token ids through ``ids`` (:attr:`~attnkit.models.contract.DecodingState.vocabulary`).
 
 The output layer's rows for the shortlist are gathered once a batch (:func:`shortlisted_output`), in the precision
-of the layer they come from: fp32 or bf16 weights as [d_model, K], int8 weights with their per-row
-scales, multiplied as :class:`~attnkit.fast.precision.Int8Linear` multiplies.
+of the layer they come from: fp32 or bf16 weights, or int8 weights with their per-row scales, multiplied as
+:class:`~attnkit.fast.precision.Int8Linear` multiplies.
 """
 
 from __future__ import annotations
@@ -42,12 +42,14 @@ def output_rows(output: nn.Module) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def shortlisted_output(rows: tuple[Tensor, Tensor, Tensor], ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The rows ``ids`` [K] of an output layer (its :func:`output_rows`) -> (weight [d_model, K], scale [1, K],
-    bias [1, K]), the layout :func:`shortlisted_logits` multiplies by."""
+    """The rows ``ids`` [K] of an output layer (its :func:`output_rows`) -> (weight [1, K, d_model], scale [1, K],
+    bias [1, K]), each with a first dim of 1 (a compiled graph's constant: the length K is a symbol). The weight
+    stays row-major, multiplied as its transpose: transposing it once a sentence took longer than the transposed
+    products of that sentence's steps (AMD EPYC Zen 5, one thread)."""
     if ids.dim() != 1 or int(ids[EOS]) != EOS:
         raise ValueError("a shortlist is [K] token ids, sorted, with the special tokens first")
     weight, scale, bias = rows
-    return (weight.index_select(0, ids).t().contiguous(), scale.index_select(0, ids).view(1, -1),
+    return (weight.index_select(0, ids)[None], scale.index_select(0, ids).view(1, -1),
             bias.index_select(0, ids).view(1, -1))
 
 
@@ -56,8 +58,8 @@ def shortlisted_logits(h: Tensor, weight: Tensor, scale: Tensor, bias: Tensor) -
     int8 weights multiply int8 activations (one scale per row of h) in int32, as ``Int8Linear`` does."""
     if weight.dtype == torch.int8:
         q_h, h_scale = quantize_rows(h)
-        return torch._int_mm(q_h, weight).float() * h_scale * scale + bias
-    return h @ weight + bias
+        return torch._int_mm(q_h, weight[0].t()).float() * h_scale * scale + bias
+    return h @ weight[0].t() + bias
 
 
 __all__ = ["output_rows", "shortlisted_logits", "shortlisted_output"]
