@@ -124,6 +124,30 @@ def test_ctranslate2_matches_greedy(checkpoint_and_sentences, tmp_path):
     assert ct2.ct2_generate(ct2.translator(path), toks, src_ids, lens.tolist()) == _greedy(model, src, lens)
 
 
+def test_a_ctranslate2_export_carries_a_vocabulary_map_it_translates_with(trained_checkpoint, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    from attnkit.export import ct2
+
+    vmap = tmp_path / "vmap.txt"
+    assert main(["shortlist", str(trained_checkpoint), "--output", str(vmap)]) == 0
+    path = tmp_path / "ct2"
+    assert main(["export", "--checkpoint", str(trained_checkpoint), "--to", "ctranslate2", "-o", str(path),
+                 "--vmap", str(vmap)]) == 0
+    assert (path / "vmap.txt").read_text(encoding="utf-8") == vmap.read_text(encoding="utf-8")
+    model, cfg, toks, _ = load_checkpoint(trained_checkpoint)
+    src, lens = _batch(toks, generate_dates(6, seed=3).src, cfg)
+    src_ids = [[int(i) for i in row if i] for row in src]
+    assert len(ct2.ct2_generate(ct2.translator(path), toks, src_ids, lens.tolist(), use_vmap=True)) == 6
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\t</s>\nno tab\n", encoding="utf-8")
+    for to, vmap_file, problem in (("ctranslate2", bad, f"{bad}:2: expected"),
+                                   ("onnx", vmap, "--vmap: only a CTranslate2 export carries a vocabulary map")):
+        out = tmp_path / f"refused-{to}"
+        with pytest.raises(AttnkitError, match=problem):
+            export(trained_checkpoint, to, out, vmap_file)
+        assert not out.exists() or not any(out.iterdir())
+
+
 def test_onnx_encoder_and_step_match_pytorch(trained_checkpoint, tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")

@@ -817,7 +817,7 @@ def cmd_average(args) -> int:
 def cmd_export(args) -> int:
     from attnkit.export import export
 
-    path, gap = export(args.checkpoint, args.to, args.output)
+    path, gap = export(args.checkpoint, args.to, args.output, args.vmap)
     print(path)
     print(f"max |log p - attnkit's| on a probe batch: {gap:.2e}", file=sys.stderr)
     return 0
@@ -1018,6 +1018,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="a checkpoint or run directory")
     p.add_argument("--to", required=True, choices=("huggingface", "ctranslate2", "onnx"))
     p.add_argument("--output", "-o", required=True, help="the directory to write")
+    p.add_argument("--vmap", help="a vocabulary map (attnkit shortlist) for the CTranslate2 export to carry "
+                                  "(translate_batch(..., use_vmap=True))")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("import-marian", help="a Hugging Face MarianMTModel directory -> an attnkit checkpoint")

@@ -44,16 +44,25 @@ def _probe_batch(model, n: int = 4, src_len: int = 9, tgt_len: int = 7) -> tuple
     return b.src, b.tgt_in
 
 
-def export(checkpoint: str | Path, to: str, out: str | Path) -> tuple[Path, float]:
+def export(checkpoint: str | Path, to: str, out: str | Path, vmap: str | Path | None = None) -> tuple[Path, float]:
     """-> (the output directory, max |log p difference| to attnkit on a probe batch; a classifier's: max |logit
-    difference|)."""
+    difference|). ``vmap``: a vocabulary map (``attnkit shortlist``) that a CTranslate2 export carries, for
+    ``use_vmap``."""
     from attnkit.checkpoint import load_checkpoint
     from attnkit.models import SequenceClassifier
 
     if to not in FORMATS:
         raise AttnkitError(f"--to {to}: expected one of {', '.join(FORMATS)}")
+    if vmap is not None and to != "ctranslate2":
+        raise AttnkitError(f"--vmap: only a CTranslate2 export carries a vocabulary map, not --to {to}")
     empty_output(out)  # before the minutes of work, not after
     model, cfg, toks, _ = load_checkpoint(checkpoint)
+    if vmap is not None:  # read as attnkit reads it: a line CTranslate2 would misread is named here
+        from attnkit.data.shortlist import VocabularyMap
+
+        if not hasattr(toks, "tgt"):
+            raise AttnkitError(f"--vmap: a {cfg.model.family} model has no target vocabulary to map")
+        VocabularyMap.read(vmap, toks.src, toks.tgt)
     exports = registry.family(cfg.model.family).exports
     if to not in exports:
         raise AttnkitError(f"{checkpoint}: a model.family = {cfg.model.family!r} model exports "
@@ -71,7 +80,7 @@ def export(checkpoint: str | Path, to: str, out: str | Path) -> tuple[Path, floa
     if to == "ctranslate2":
         from attnkit.export import ct2
 
-        path = ct2.export_ctranslate2(checkpoint, out)
+        path = ct2.export_ctranslate2(checkpoint, out, vmap=vmap)
         src_ids = [[int(i) for i in row if i] for row in src]
         tgt_ids = [[int(i) for i in row[1:] if i] for row in tgt_in]
         return path, ct2.log_prob_gap(model, ct2.translator(path), toks, src_ids, tgt_ids)

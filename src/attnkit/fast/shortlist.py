@@ -46,7 +46,7 @@ def shortlisted_output(rows: tuple[Tensor, Tensor, Tensor], ids: Tensor) -> tupl
     bias [1, K]), each with a first dim of 1 (a compiled graph's constant: the length K is a symbol). The weight
     stays row-major, multiplied as its transpose: transposing it once a sentence took longer than the transposed
     products of that sentence's steps (AMD EPYC Zen 5, one thread)."""
-    if ids.dim() != 1 or int(ids[EOS]) != EOS:
+    if ids.dim() != 1 or ids.numel() <= EOS or int(ids[EOS]) != EOS:
         raise ValueError("a shortlist is [K] token ids, sorted, with the special tokens first")
     weight, scale, bias = rows
     return (weight.index_select(0, ids)[None], scale.index_select(0, ids).view(1, -1),
