@@ -286,6 +286,24 @@ def test_checkpoint_round_trips_to_identical_outputs(trained):
     assert [t.text for t in ours] == [t.text for t in theirs]
 
 
+def test_a_shortlist_serves_a_transformer_decoder_and_an_rnn_refuses_it(trained, tmp_path):
+    """The convolutional encoder's Transformer decoder takes a shortlist (one of the whole vocabulary translates as
+    none); the RNN decoders refuse one in a line, when the model is loaded."""
+    import attnkit
+
+    trainer, _, _, run = trained
+    toks = load_checkpoint(run)[2]
+    whole = tmp_path / "vmap.txt"
+    whole.write_text("\t" + " ".join(toks.tgt.id_to_piece(range(toks.tgt.vocab_size))) + "\n", encoding="utf-8")
+    if trainer.cfg.model.family != "conv_transformer":
+        with pytest.raises(AttnkitError, match="has no vocabulary shortlist"):
+            attnkit.load(run, compile=False, shortlist=whole)
+        return
+    sentences = generate_dates(6, seed=5).src
+    assert attnkit.load(run, compile=False, shortlist=whole).translate(sentences, beam=2) == \
+        attnkit.load(run, compile=False).translate(sentences, beam=2)
+
+
 def test_align_command(trained, tmp_path, capsys):
     trainer, _, _, run = trained
     family = trainer.cfg.model.family

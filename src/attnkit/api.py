@@ -143,10 +143,12 @@ class Model:
         """The vocabulary map at ``shortlist`` (a path), or with True ``vmap.txt`` beside the checkpoint, else in its
         run directory (where ``attnkit shortlist`` writes it)."""
         from attnkit.data.shortlist import VocabularyMap
+        from attnkit.models.transformer import EncoderDecoder
 
         self.require("translate")
-        if self.source != "tokens":
-            raise AttnkitError(f"shortlist: a {self.family} model does not translate tokens")
+        if self.source != "tokens" or not isinstance(self.module, EncoderDecoder):
+            raise AttnkitError(f"shortlist: a {self.family} model's decoder has no vocabulary shortlist (a Transformer "
+                               "translation model's has)")
         if shortlist is True:
             places = [self.path / "vmap.txt", self.path.parent.parent / "vmap.txt"]
             found = next((p for p in places if p.is_file()), None)
