@@ -164,7 +164,8 @@ class ShortlistedState(GroupedDecoderState):
     @classmethod
     def from_tensors(cls, tensors: list[Tensor], beams: int) -> ShortlistedState:
         base = GroupedDecoderState.from_tensors(tensors[:-cls.unbatched], beams)
-        return cls(base.memory, base.memory_kv, base.caches, base.offset, beams, tensors[-4], tuple(tensors[-3:]))
+        shortlist, *output = tensors[-cls.unbatched:]
+        return cls(base.memory, base.memory_kv, base.caches, base.offset, beams, shortlist, tuple(output))
 
 
 def _grouped_cross_attention(attn, h: Tensor, padding_mask: Tensor, kv: ReorderedKVCache, need_weights: bool,
