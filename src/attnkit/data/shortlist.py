@@ -21,6 +21,7 @@ every source sentence with an empty token (NULL) that target tokens with no coun
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +116,7 @@ class VocabularyMap:
         lines = ["\t" + " ".join(target.id_to_piece(self.always))]
         lines += [" ".join(source.id_to_piece(gram)) + "\t" + " ".join(target.id_to_piece(ids))
                   for gram, ids in sorted(self.rules.items())]
-        partial = path.with_name(f".{path.name}.partial")
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
         partial.replace(path)
 

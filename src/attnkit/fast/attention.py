@@ -105,9 +105,9 @@ def broadcast_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tenso
                         causal: bool = False) -> Tensor:
     """softmax(q k^T / sqrt(d_head) + mask) v written as broadcast products and sums (:func:`short_attention`'s
     signature, without dropout), for a compiled graph without autograd: Inductor turns it into a few loops of its
-    own. An encoder's self-attention over a sentence ran SDPA's flash kernel, built for blocks of hundreds of keys,
-    in a fifth of the time a one-sentence encoder package took (the Multi30k model, AMD EPYC Zen 5). A query that
-    sees no key gets a zero output, as in the reference."""
+    own. An encoder's self-attention over a sentence in SDPA's flash kernel, built for blocks of hundreds of keys,
+    took nearly a third of the time of a one-sentence encoder package (the Multi30k model, AMD EPYC Zen 5; py-spy).
+    A query that sees no key gets a zero output, as in the reference."""
     t, s, dh = q.size(2), k.size(2), q.size(3)
     scores = (q[:, :, :, None, :] * k[:, :, None, :, :]).sum(-1) * dh**-0.5  # [B, H, T, S]
     allowed = attention_mask(t, s, key_padding_mask, causal, q.device)
