@@ -72,3 +72,35 @@ def test_compiled_chunked_paths_equal_argmax_and_topk(monkeypatch):
         assert torch.equal(best, log_probs.view(m * 5, 600).argmax(-1))
         want = (scores[:, :, None] + log_probs).view(m, 3000).topk(10, dim=1)
         assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
+
+
+@pytest.mark.parametrize("shortlisted", [False, True])
+def test_greedy_from_logits_chooses_and_scores_as_the_core_greedy_step(shortlisted):
+    """The fast greedy step takes the argmax of the logits and computes the chosen token's log-probability alone:
+    the core step's tokens (EOS where a row reaches its limit), its scores to float rounding, ids mapped through a
+    shortlist."""
+    from types import SimpleNamespace
+
+    from attnkit.decode.search import greedy_step
+    from attnkit.fast.decoding import greedy_step_from_logits
+    from attnkit.tokens import EOS
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 1000, generator=g) * 4
+    logits[1, 7] = logits[1, 900] = logits[1].max() + 1  # a tie: the first index wins
+    logits[2] = -1e4
+    logits[2, 999] = 50.0  # one token all but certain
+    # a shortlist as attnkit.fast.shortlist makes them: sorted, the special tokens first (EOS's position its id)
+    vocabulary = torch.cat([torch.arange(EOS + 1), EOS + 1 + 3 * torch.arange(999 - EOS)]) if shortlisted else None
+    state = SimpleNamespace(vocabulary=vocabulary)
+
+    def step(tokens, state_, need_weights, logits_=False):
+        return (logits if logits_ else logits.log_softmax(-1)), state_, None
+
+    limits = torch.tensor([9, 9, 9, 4, 9, 3])  # at t = 3 the last row reaches its limit and ends
+    ours = greedy_step_from_logits(lambda *a, logits=False: step(*a, logits), None, state, limits, 3)
+    theirs = greedy_step(lambda *a: step(*a), None, state, limits, 3)
+    assert torch.equal(ours[0], theirs[0]) and int(ours[0][5]) == EOS
+    assert int(ours[0][1]) == (EOS + 1 + 3 * (7 - EOS - 1) if shortlisted else 7)
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-6, atol=1e-5)
+    assert abs(float(ours[1][2])) < 1e-6  # log p of a certain token: 0, not the rounding of a shifted row

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attnkit.decode.search import BeamStep, beam_step, greedy_step
-from attnkit.fast.decoding import FastDecoder, GroupedDecoderState
+from attnkit.decode.search import BeamStep, beam_step
+from attnkit.fast.decoding import FastDecoder, GroupedDecoderState, greedy_step_from_logits
 from attnkit.fast.precision import INT8_TOLERANCE, Int8Linear
-from attnkit.fast.ranking import argmax_rows, best_extensions
+from attnkit.fast.ranking import best_extensions
 from attnkit.fast.runtime import use
 from attnkit.models.contract import DecodingState, device_of
 from attnkit.models.transformer import Memory
@@ -71,8 +71,9 @@ def compile_step(model, cpp_wrapper: bool = True, freeze: bool = False, pack_out
 
 
 def greedy_search_step(step, tokens: Tensor, state, limits: Tensor, t: int, need_weights: bool = False):
-    """:func:`~attnkit.decode.search.greedy_step` with the chunked argmax."""
-    return greedy_step(step, tokens, state, limits, t, need_weights, argmax=argmax_rows)
+    """:func:`~attnkit.decode.search.greedy_step` from the step's logits, with the chunked argmax
+    (:func:`~attnkit.fast.decoding.greedy_step_from_logits`)."""
+    return greedy_step_from_logits(step, tokens, state, limits, t, need_weights)
 
 
 def beam_search_step(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limits: Tensor, t: int,
