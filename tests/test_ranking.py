@@ -104,3 +104,40 @@ def test_greedy_from_logits_chooses_and_scores_as_the_core_greedy_step(shortlist
     assert int(ours[0][1]) == (EOS + 1 + 3 * (7 - EOS - 1) if shortlisted else 7)
     torch.testing.assert_close(ours[1], theirs[1], rtol=1e-6, atol=1e-5)
     assert abs(float(ours[1][2])) < 1e-6  # log p of a certain token: 0, not the rounding of a shifted row
+
+
+@pytest.mark.parametrize("t", [0, 3])
+def test_beams_ranked_from_logits_are_the_core_beam_steps(t):
+    """The fast beam step ranks ``(score - logsumexp(z)) + z_j`` over the logits z, never writing out the
+    log-probabilities: the core step's beams, tokens, endings and rows (a sentence at its length limit may only end),
+    its scores to float rounding, at the first step (one row a sentence) and a later one."""
+    from attnkit.decode.search import beam_step
+    from attnkit.fast.decoding import beam_step_from_logits
+
+    class State:
+        vocabulary = None
+
+        def repeat_beams(self, k):
+            return self
+
+        def select(self, rows, same_source=False):
+            return self
+
+    g = torch.Generator().manual_seed(t)
+    m, k, v = 4, 3, 1000
+    rows = m if t == 0 else m * k
+    logits = torch.randn(rows, v, generator=g) * 3
+    scores = torch.randn(m, k, generator=g) * 2 - 5
+    history = torch.randint(4, v, (m * k, t), generator=g)
+    limits = torch.tensor([9, t + 1, 9, 9])  # the second sentence reaches its limit at this step
+
+    def step(tokens, state, need_weights, logits_=False):
+        return (logits if logits_ else logits.log_softmax(-1)), state, None
+
+    ours = beam_step_from_logits(lambda *a, logits=False: step(*a, logits), None, State(), scores, history, limits, t)
+    theirs = beam_step(lambda *a: step(*a), None, State(), scores, history, limits, t, best=best_extensions)
+    for name in ("tokens", "history", "rows", "ending", "candidate_rows", "stuck"):
+        assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+    torch.testing.assert_close(ours.scores, theirs.scores, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(ours.candidate_scores, theirs.candidate_scores, rtol=1e-6, atol=1e-5)
+    assert bool(ours.ending[1].any())  # the sentence at its limit ends (its beams take EOS or nothing)

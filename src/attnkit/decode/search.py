@@ -258,6 +258,15 @@ def beam_step(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limi
     history [m k, t], limits [m] (the longest output allowed); ``at_limit``: some sentence reaches its limit at
     this step (else the mask that allows only EOS there is skipped)."""
     log_probs, state, attn = step(tokens, state, need_weights)
+    return extend_beams(log_probs, state, attn, scores, history, limits, t, at_limit, best=best)
+
+
+def extend_beams(log_probs: Tensor, state, attn, scores: Tensor, history: Tensor, limits: Tensor, t: int,
+                 at_limit: bool = True, *, best=top_extensions, shift: Tensor | None = None) -> BeamStep:
+    """:func:`beam_step`'s ranking of the extensions, after its step gave log_probs [m k, V] (at ``t == 0``:
+    [m, V]), ``state`` and ``attn``. An extension's score is its beam's score plus the token's log-probability.
+    ``shift`` [m k]: log_probs are logits z, whose log-probabilities are z - shift (shift = logsumexp(z)); the
+    shift is then taken from the beams' scores, once a row."""
     m, k = scores.shape
     if t == 0:  # the k beams of a sentence would start the same: one row each took the first step
         state = state.repeat_beams(k)  # k rows per sentence
@@ -268,7 +277,8 @@ def beam_step(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limi
         last = (limits <= t + 1)[:, None, None] & (torch.arange(v, device=dev) != EOS)
         log_probs = log_probs.masked_fill(last, float("-inf"))
     n = min(2 * k, beams * v)  # a vocabulary smaller than 2k offers fewer candidates: the rest are dead (-inf)
-    top_scores, top_idx = best(scores[:, :beams], log_probs, n)  # [m, 2k] of the k * v
+    base = scores[:, :beams] if shift is None else scores[:, :beams] - shift.view(m, beams)
+    top_scores, top_idx = best(base, log_probs, n)  # [m, 2k] of the k * v
     if n < 2 * k:
         top_scores = torch.nn.functional.pad(top_scores, (0, 2 * k - n), value=float("-inf"))
         top_idx = torch.nn.functional.pad(top_idx, (0, 2 * k - n))

@@ -20,10 +20,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attnkit.decode.search import BeamStep, beam_step
-from attnkit.fast.decoding import FastDecoder, GroupedDecoderState, greedy_step_from_logits
+from attnkit.decode.search import BeamStep
+from attnkit.fast.decoding import FastDecoder, GroupedDecoderState, beam_step_from_logits, greedy_step_from_logits
 from attnkit.fast.precision import INT8_TOLERANCE, Int8Linear
-from attnkit.fast.ranking import best_extensions
 from attnkit.fast.runtime import use
 from attnkit.models.contract import DecodingState, device_of
 from attnkit.models.transformer import Memory
@@ -78,9 +77,10 @@ def greedy_search_step(step, tokens: Tensor, state, limits: Tensor, t: int, need
 
 def beam_search_step(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limits: Tensor, t: int,
                      need_weights: bool = False, at_limit: bool = True):
-    """:func:`~attnkit.decode.search.beam_step` with the chunked top-k. The length-limit mask is always applied
+    """:func:`~attnkit.decode.search.beam_step` from the step's logits, with the chunked top-k
+    (:func:`~attnkit.fast.decoding.beam_step_from_logits`). The length-limit mask is always applied
     (``at_limit`` is not read): a graph that branched on the flag would be compiled twice."""
-    return beam_step(step, tokens, state, scores, history, limits, t, need_weights, True, best=best_extensions)
+    return beam_step_from_logits(step, tokens, state, scores, history, limits, t, need_weights, True)
 
 
 class CompiledDecoder(nn.Module):

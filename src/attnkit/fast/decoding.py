@@ -24,7 +24,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from attnkit.decode.search import beam_step, in_vocabulary
+from attnkit.decode.search import extend_beams, in_vocabulary
 from attnkit.errors import AttnkitError
 from attnkit.fast.attention import single_query_attention
 from attnkit.fast.ranking import argmax_rows, best_extensions
@@ -242,6 +242,17 @@ def greedy_step_from_logits(step, tokens: Tensor, state, limits: Tensor, t: int,
     return in_vocabulary(positions, state), log_softmax_at(logits, positions, best), state, attn
 
 
+def beam_step_from_logits(step, tokens: Tensor, state, scores: Tensor, history: Tensor, limits: Tensor, t: int,
+                          need_weights: bool = False, at_limit: bool = True):
+    """:func:`~attnkit.decode.search.beam_step` over a step that gives its logits z (``step(..., logits=True)``),
+    ranked with the chunked top-k: an extension's score is ``(score - logsumexp(z)) + z_j``, so that a compiled
+    step reads each row of logits for its log-sum-exp and its ranking and never writes out the rows of
+    log-probabilities. -> :class:`~attnkit.decode.search.BeamStep`"""
+    logits, state, attn = step(tokens, state, need_weights, logits=True)
+    return extend_beams(logits, state, attn, scores, history, limits, t, at_limit, best=best_extensions,
+                        shift=torch.logsumexp(logits, -1))
+
+
 def log_softmax_at(logits: Tensor, index: Tensor, best: Tensor) -> Tensor:
     """``log_softmax(logits)[n, index[n]]`` without the other entries: (z_i - m) - log sum_j exp(z_j - m),
     m = max_j z_j, read at ``best`` (the rows' argmax, known: no pass of its own). logits [N, V], index [N],
@@ -311,4 +322,4 @@ class FastDecoder(nn.Module):
         if not self.ranking:
             return {}
         return {"greedy_step": partial(greedy_step_from_logits, self.step),
-                "beam_step": partial(beam_step, self.step, best=best_extensions)}
+                "beam_step": partial(beam_step_from_logits, self.step)}
