@@ -170,6 +170,11 @@ def test_generate_plain_streamed_and_with_next_token_probabilities(live, models)
         assert [t[1] for t in d["top"]] == pytest.approx([t[1] for t in s["top"]], abs=2e-3)
     greedy = c.post("/v1/generate", json={"model": "lm", "prompt": "a", "max_tokens": 5, "temperature": 0}).json()
     assert greedy["text"] == models["lm"].generate("a", 5, 0.0)
+    # greedy with the attention kept: the decoder's own search step over the step that keeps it
+    watched = c.post("/v1/generate", json={"model": "lm", "prompt": "a", "max_tokens": 5, "temperature": 0,
+                                           "attention": True})
+    assert watched.status_code == 200, watched.text
+    assert watched.json()["text"] == greedy["text"]
     one_line_error(c.post("/v1/generate", json={"model": "lm", "top_p": 0}), 422, "top_p")
     one_line_error(c.post("/v1/generate", json={"model": "lm", "prompt": "x" * 70}), 413, "prompt")
 

@@ -506,9 +506,11 @@ class _Watched(torch.nn.Module):
     def init_state(self, memory):
         return self.decoder.init_state(memory)
 
-    def step(self, tokens, state, need_weights: bool = False):
-        log_probs, state, self.attention = self.decoder.step(tokens, state, True)
-        return log_probs, state, None
+    def step(self, tokens, state, need_weights: bool = False, **options):
+        """The decoder's step with its attention kept; ``options`` go to it (the fast runtime's search steps ask
+        for ``logits=True``)."""
+        out, state, self.attention = self.decoder.step(tokens, state, True, **options)
+        return out, state, None
 
     def search_steps(self) -> dict:
         """The decoder's own search steps (its ranking), over this step."""
