@@ -233,8 +233,8 @@ def greedy_step_from_logits(step, tokens: Tensor, state, limits: Tensor, t: int,
     """:func:`~attnkit.decode.search.greedy_step` over a step that gives its logits z (``step(..., logits=True)``:
     :meth:`FastDecoder.step`). The best token of ``log_softmax(z) = z - logsumexp(z)`` is z's own, and only its
     log-probability is computed (:func:`log_softmax_at`): a compiled step never writes out the rows of
-    log-probabilities, which greedy decoding of 64 sentences at int8 wrote and read back in a tenth of its time (the
-    Multi30k model, AMD EPYC Zen 5, torch.profiler). tokens [N], limits [N] -> (next tokens [N], their
+    log-probabilities and reads them back, which takes about a tenth of int8 greedy decoding's time at 64 sentences
+    (the Multi30k model, AMD EPYC Zen 5, torch.profiler). tokens [N], limits [N] -> (next tokens [N], their
     log-probabilities [N], state, attention)."""
     logits, state, attn = step(tokens, state, need_weights, logits=True)
     best = argmax_rows(logits)

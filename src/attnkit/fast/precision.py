@@ -68,11 +68,16 @@ def check_precision(precision: str, device: str = "cpu", flags: frozenset[str] |
                            f"(this one has none of them: {precision} would run slower than fp32)")
 
 
+def row_scales(x: Tensor) -> Tensor:
+    """Each row's int8 scale: x [..., n] -> scale [..., 1] fp32, max |x_row| / 127 (a zero row gets scale 1)."""
+    scale = x.detach().abs().amax(-1, keepdim=True).float() / 127.0
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric int8 quantization per row: x [..., n] -> (q [..., n] int8, scale [..., 1] fp32), x ~ q * scale,
-    scale = max |x_row| / 127 (a zero row gets scale 1)."""
-    scale = x.detach().abs().amax(-1, keepdim=True).float() / 127.0
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = round(x / scale) (:func:`row_scales`)."""
+    scale = row_scales(x)
     q = torch.round(x.float() / scale).clamp_(-127, 127).to(torch.int8)
     return q, scale
 
@@ -135,10 +140,9 @@ class Int8Linear(nn.Module):
         of beam search of one sentence (Multi30k model, 5 rows) ran its output projection in 13.2 against 32.3 us,
         eight 128x128 layers in 14.4 against 20.7 us (AMD EPYC Zen 5). Batches keep ``torch._int_mm``: at 64 rows
         Inductor's GEMM of a 128x128 layer took twice as long."""
-        scale = rows.detach().abs().amax(-1, keepdim=True).float() / 127.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        # q + 128 formed in fp32 (exact: integers up to 255), so that Inductor vectorizes the conversion to bytes; an
-        # int8 -> int16 -> uint8 chain left it a scalar loop
+        scale = row_scales(rows)
+        # q + 128 formed in fp32 (exact: integers up to 255) and converted to bytes once, which Inductor vectorizes;
+        # through int16 (int8 -> int16 -> uint8) its conversion is a scalar loop
         unsigned = (torch.round(rows.float() / scale).clamp_(-127, 127) + 128).to(torch.uint8)
         packed = torch.ops.onednn.qlinear_prepack(self.q_weight, None)  # constant-folded when the graph is frozen
         sums = torch.ops.onednn.qlinear_pointwise.default(unsigned, 1.0, 128, packed, self.unit_scale, None, None, 1.0,
@@ -183,4 +187,4 @@ def at_precision(model: nn.Module, precision: str) -> nn.Module:
 
 
 __all__ = ["INT8_TOLERANCE", "NEEDS", "PRECISIONS", "Int8Linear", "at_precision", "check_precision", "cpu_flags",
-           "int8_linear_reference", "quantize_rows"]
+           "int8_linear_reference", "quantize_rows", "row_scales"]
