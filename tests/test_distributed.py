@@ -41,21 +41,25 @@ import os
 import torch.distributed as dist
 from attnkit.train import distributed
 say = lambda line: os.write(1, f"{line}\\n".encode())  # one write per line: the two ranks share stdout
-atexit.register(lambda: say(f"in the group at exit: {dist.is_initialized()}"))  # runs last
+gloo_workers = lambda: sum(open(f"/proc/self/task/{t}/comm").read().strip() == "pt_gloo_runloop"
+                           for t in os.listdir("/proc/self/task"))
+atexit.register(lambda: say(f"in the group at exit: {dist.is_initialized()}, gloo workers: {gloo_workers()}"))
 rank, world = distributed.setup()
-say(f"sum of ranks: {distributed.all_sum(rank, world)}")
+import torch.distributed.fsdp  # imported after joining, as the trainer does
+say(f"sum of ranks: {distributed.all_sum(rank, world)}, gloo workers: {gloo_workers() > 0}")
 """
 
 
 def test_each_rank_leaves_the_process_group_before_it_exits(tmp_path):
-    """A rank that exits still in a gloo group can be killed by SIGABRT as Python shuts down, its work done."""
+    """A rank whose gloo worker threads outlive Python can be killed by SIGABRT as Python shuts down, its work done:
+    each rank leaves the group, and the group's threads are gone, before the interpreter's shutdown begins."""
     (tmp_path / "leaves.py").write_text(LEAVES)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "leaves.py"], cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.count("sum of ranks: 1.0") == 2
-    assert out.stdout.count("in the group at exit: False") == 2, out.stdout
+    assert out.stdout.count("sum of ranks: 1.0, gloo workers: True") == 2, out.stdout
+    assert out.stdout.count("in the group at exit: False, gloo workers: 0") == 2, out.stdout
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:

@@ -47,6 +47,11 @@ def setup(device: torch.device | None = None) -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     _device = device = device or torch.device("cpu")
     if world > 1 and not dist.is_initialized():
+        # torch.distributed.nn.functional's collectives take the default group as a default argument, read when the
+        # module is imported (DDP and FSDP import it): imported after the group exists, they would keep it alive
+        # past :func:`leave`, and with it gloo's worker threads into the interpreter's shutdown
+        import torch.distributed.nn.functional as _  # noqa: F401
+
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         atexit.register(leave)
     if dist.is_initialized():
@@ -55,9 +60,10 @@ def setup(device: torch.device | None = None) -> tuple[int, int]:
 
 
 def leave() -> None:
-    """Leave the process group that :func:`setup` joined, at the process's exit while Python is still whole: gloo's
-    worker threads otherwise outlive the interpreter, and a rank can end with SIGABRT ("terminate called without an
-    active exception") after its work is done."""
+    """Leave the process group that :func:`setup` joined, at the process's exit while Python is still whole: the
+    group's last reference goes, and gloo joins its worker threads. A worker that outlives the interpreter can still
+    be dropping a finished collective's tensor, which needs the GIL, and the rank then ends with SIGABRT ("terminate
+    called without an active exception") after its work is done."""
     if dist.is_initialized():
         dist.destroy_process_group()
 
