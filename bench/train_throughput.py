@@ -31,6 +31,13 @@ from __future__ import annotations
 # the allocator the attnkit command line trains on (jemalloc where the system has it: attnkit.allocator), chosen as
 # the process starts, before torch is imported
 if __name__ == "__main__":
+    import os
+    import sys
+
+    if "--avx2-kernels" in sys.argv:
+        # every library's AVX2 code on a CPU that has more: PyTorch's own kernels, oneDNN's and MKL's (whose AVX-512
+        # kernels on an AMD CPU only attnkit.mkl's feature choice selects), set before any of them loads
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", ATTNKIT_MKL="vendor")
     from attnkit.allocator import relaunch_under_jemalloc
 
     relaunch_under_jemalloc()
@@ -163,6 +170,9 @@ def main() -> int:
                     help="the run's SentencePiece model, if there (else one is trained on the training data)")
     ap.add_argument("--data-dir")
     ap.add_argument("--quick", action="store_true", help="4 timed steps on 2000 pairs, a small matmul")
+    ap.add_argument("--avx2-kernels", action="store_true",
+                    help="run PyTorch's, oneDNN's and MKL's AVX2 kernels only, as on a CPU without AVX-512 (the "
+                         "settings are written into the JSON's command); bf16, which such a CPU lacks, is not trained")
     ap.add_argument("--out", help="default bench/results/train_throughput.json (..._quick.json with --quick)")
     args = ap.parse_args()
     if args.quick:
@@ -204,7 +214,7 @@ def main() -> int:
                                reduction="sum")
 
     trainees = {"attnkit": Trainee(ours, attnkit_loss, cfg), "huggingface_marian": Trainee(hf, huggingface_loss, cfg)}
-    if {"avx512_bf16", "amx_bf16"} & cpu_flags():
+    if {"avx512_bf16", "amx_bf16"} & cpu_flags() and not args.avx2_kernels:
         ours_bf16 = copy.deepcopy(ours)  # the same initial weights
 
         def attnkit_bf16_loss(b):

@@ -93,7 +93,8 @@ def write_results(path: str | Path, name: str, command: str, metrics: dict, **ex
     from attnkit import allocator, mkl
 
     # the settings of the environment that change what a bench measures, written as the command's prefix
-    settings = [f"{k}={os.environ[k]}" for k in ("ATTNKIT_MKL", "ATTNKIT_ALLOCATOR")
+    settings = [f"{k}={os.environ[k]}" for k in ("ATTNKIT_MKL", "ATTNKIT_ALLOCATOR", "ATEN_CPU_CAPABILITY",
+                                                  "ONEDNN_MAX_CPU_ISA")
                 if os.environ.get(k) and f"{k}=" not in command]
     command = " ".join([*settings, command])
     v = versions()
