@@ -647,7 +647,9 @@ def block_train_throughput(results: dict) -> str:
 def _train_throughput(r: dict, name: str) -> str:
     m = r.get("metrics", {})
     flags = get(r, "machine", "cpu_flags", default=[])
-    lines = [f"**{machine(r)}.** " + _ran(r, name, f"{number(r.get('steps'), 0)} timed steps each in "
+    # --avx2-kernels: every library ran its AVX2 code, as a CPU without AVX-512 would, whatever flags this CPU has
+    kernels = ", AVX2 kernels only" if "--avx2-kernels" in str(r.get("command", "")) else ""
+    lines = [f"**{machine(r)}{kernels}.** " + _ran(r, name, f"{number(r.get('steps'), 0)} timed steps each in "
                   f"{number(r.get('rounds'), 0)} alternating rounds; CPU flags: {', '.join(flags) or NOT_RECORDED}")
              + ".", "",
              "| system | target tokens/s | model GFLOP/s | of the fp32 matmul peak | validation loss after the same "
