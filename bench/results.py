@@ -644,12 +644,20 @@ def block_train_throughput(results: dict) -> str:
     return "\n".join(_train_throughput(results[n], n) for n in names)
 
 
+def _kernels(r: dict) -> str:
+    """What a training bench run set apart from the machine's defaults: ``--avx2-kernels`` (every library's AVX2
+    code, as a CPU without AVX-512 runs, whatever flags this CPU has) or ``ATTNKIT_MKL=vendor`` (MKL's own choice of
+    kernels); "" for neither."""
+    command = str(r.get("command", ""))
+    if "--avx2-kernels" in command:
+        return ", AVX2 kernels only"
+    return ", MKL's own choice of kernels" if "ATTNKIT_MKL=vendor" in command else ""
+
+
 def _train_throughput(r: dict, name: str) -> str:
     m = r.get("metrics", {})
     flags = get(r, "machine", "cpu_flags", default=[])
-    # --avx2-kernels: every library ran its AVX2 code, as a CPU without AVX-512 would, whatever flags this CPU has
-    kernels = ", AVX2 kernels only" if "--avx2-kernels" in str(r.get("command", "")) else ""
-    lines = [f"**{machine(r)}{kernels}.** " + _ran(r, name, f"{number(r.get('steps'), 0)} timed steps each in "
+    lines = [f"**{machine(r)}{_kernels(r)}.** " + _ran(r, name, f"{number(r.get('steps'), 0)} timed steps each in "
                   f"{number(r.get('rounds'), 0)} alternating rounds; CPU flags: {', '.join(flags) or NOT_RECORDED}")
              + ".", "",
              "| system | target tokens/s | model GFLOP/s | of the fp32 matmul peak | validation loss after the same "
@@ -815,13 +823,15 @@ def block_side_by_side(results: dict) -> str:
             f"({number(attnkit, 1)} MB against {number(naive, 1)} MB) | "
             f"{_times(get(m, 'targets', 'naive_memory_over_attnkit_n4096'), 1)} |")
         sources.append(_ran(a, "attention_op"))
-    t = results.get("train_throughput")
-    if t is None:
+    trained = per_machine(results, "train_throughput")
+    if not trained:
         rows.append(f"| training | {absent('train_throughput').strip()} | |")
-    else:
+    for name in trained:  # every machine's run: the fraction of peak moves with the machine more than anything
+        t = results[name]
         m, s = t.get("metrics", {}), t.get("systems", {})
         rows.append(
-            f"| training, Multi30k batches: attnkit / Hugging Face Marian tokens/s | "
+            f"| training, Multi30k batches, {machine(t)}{_kernels(t)} ({date(t)}): attnkit / Hugging Face Marian "
+            f"tokens/s | "
             f"**{_times(m.get('speedup_vs_huggingface'))}** ({number(get(s, 'attnkit', 'tokens_per_s'), 0)} against "
             f"{number(get(s, 'huggingface_marian', 'tokens_per_s'), 0)}); "
             f"{_percent(get(s, 'attnkit', 'fraction_of_matmul_peak'))} of the "
@@ -829,7 +839,7 @@ def block_side_by_side(results: dict) -> str:
             f"{_percent(get(s, 'huggingface_marian', 'fraction_of_matmul_peak'))}) | "
             f"{_times(get(m, 'targets', 'speedup_vs_huggingface'), 1)}; "
             f"{_percent(get(m, 'targets', 'fraction_of_matmul_peak'), 0)} |")
-        sources.append(_ran(t, "train_throughput"))
+        sources.append(_ran(t, name))
     r = results.get("translate_throughput")
     if r is None:
         rows.append(f"| translation | {absent('translate_throughput').strip()} | |")
@@ -851,6 +861,20 @@ def block_side_by_side(results: dict) -> str:
                     f"{cells('huggingface_batch1', 'huggingface', 'batch1')} | "
                     f"{_times(get(m, 'targets', 'attnkit_over_huggingface_batch1'), 0)} |")
         sources.append(_ran(r, "translate_throughput"))
+    for name in per_machine(results, "decode_precision"):  # each machine's decoding cells: the lowest per precision
+        d = results[name]
+        lowest: dict[str, float] = {}
+        for key, value in d.get("ratios", {}).items():
+            pair = key.split("/", 1)[0]
+            if "_over_ctranslate2_" in pair and isinstance(value, (int, float)):
+                lowest[pair] = min(value, lowest.get(pair, value))
+        if not lowest:
+            continue
+        measured = "; ".join(f"{text(pair.replace('_over_', ' / ').replace('_', ' '))} {_times(value)}"
+                             for pair, value in lowest.items())
+        rows.append(f"| translation, {machine(d)} ({date(d)}): attnkit / CTranslate2 at each precision, the lowest of "
+                    f"the four cells (batch 1 and 64, greedy and beam 5) | {measured} | 1x |")
+        sources.append(_ran(d, name))
     return "\n".join(rows) + ("\n\nRun: " + "; ".join(sources) + ".\n" if sources else "\n")
 
 
