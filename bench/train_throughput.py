@@ -35,9 +35,11 @@ if __name__ == "__main__":
     import sys
 
     if "--avx2-kernels" in sys.argv:
-        # every library's AVX2 code on a CPU that has more: PyTorch's own kernels, oneDNN's and MKL's (whose AVX-512
-        # kernels on an AMD CPU only attnkit.mkl's feature choice selects), set before any of them loads
-        os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", ATTNKIT_MKL="vendor")
+        # every library's AVX2 code on a CPU that has more, set before any of them loads: PyTorch's own kernels,
+        # oneDNN's, and MKL's: capped at AVX2 (which an Intel CPU needs), and on an AMD CPU left to MKL's own
+        # choice, as attnkit leaves it on an AMD CPU without AVX-512
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", MKL_ENABLE_INSTRUCTIONS="AVX2",
+                          ATTNKIT_MKL="vendor")
     from attnkit.allocator import relaunch_under_jemalloc
 
     relaunch_under_jemalloc()

@@ -94,7 +94,7 @@ def write_results(path: str | Path, name: str, command: str, metrics: dict, **ex
 
     # the settings of the environment that change what a bench measures, written as the command's prefix
     settings = [f"{k}={os.environ[k]}" for k in ("ATTNKIT_MKL", "ATTNKIT_ALLOCATOR", "ATEN_CPU_CAPABILITY",
-                                                  "ONEDNN_MAX_CPU_ISA")
+                                                  "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
                 if os.environ.get(k) and f"{k}=" not in command]
     command = " ".join([*settings, command])
     v = versions()
