@@ -43,6 +43,7 @@ from attnkit.train import distributed
 say = lambda line: os.write(1, f"{line}\\n".encode())  # one write per line: the two ranks share stdout
 gloo_workers = lambda: sum(open(f"/proc/self/task/{t}/comm").read().strip() == "pt_gloo_runloop"
                            for t in os.listdir("/proc/self/task"))
+# registered before the group is joined, so it runs after distributed.leave
 atexit.register(lambda: say(f"in the group at exit: {dist.is_initialized()}, gloo workers: {gloo_workers()}"))
 rank, world = distributed.setup()
 import torch.distributed.fsdp  # imported after joining, as the trainer does

@@ -48,8 +48,8 @@ def setup(device: torch.device | None = None) -> tuple[int, int]:
     _device = device = device or torch.device("cpu")
     if world > 1 and not dist.is_initialized():
         # torch.distributed.nn.functional's collectives take the default group as a default argument, read when the
-        # module is imported (DDP and FSDP import it): imported after the group exists, they would keep it alive
-        # past :func:`leave`, and with it gloo's worker threads into the interpreter's shutdown
+        # module is imported (FSDP imports it): imported after the group exists, they would keep it alive past
+        # :func:`leave`, and with it gloo's worker threads into the interpreter's shutdown
         import torch.distributed.nn.functional as _  # noqa: F401
 
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
