@@ -36,8 +36,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # process starts, before torch is imported
 if __name__ == "__main__":
     from attnkit.allocator import relaunch_under_jemalloc
+    from attnkit.mkl import use_feature_kernels
 
     relaunch_under_jemalloc()
+    use_feature_kernels()  # MKL's kernels by the CPU's instructions, before torch loads (attnkit.mkl)
 
 import argparse
 import sys

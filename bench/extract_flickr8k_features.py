@@ -9,6 +9,13 @@ only checks the cache; an interrupted run resumes from its finished shards.
 
 from __future__ import annotations
 
+# MKL's kernels chosen by the CPU's instructions, asked for before torch loads (attnkit.mkl), as the attnkit command
+# line asks for them
+if __name__ == "__main__":
+    from attnkit.mkl import use_feature_kernels
+
+    use_feature_kernels()
+
 import argparse
 import sys
 import time

@@ -38,6 +38,13 @@ loop as attnkit instead (recorded as such). Targets: attnkit trains >= 1.5x the 
 
 from __future__ import annotations
 
+# MKL's kernels chosen by the CPU's instructions, asked for before torch loads (attnkit.mkl), as the attnkit command
+# line asks for them
+if __name__ == "__main__":
+    from attnkit.mkl import use_feature_kernels
+
+    use_feature_kernels()
+
 import argparse
 import copy
 import importlib.metadata

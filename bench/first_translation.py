@@ -11,6 +11,13 @@ turns over ``--rounds`` rounds (a cold run's caches are emptied before it), and 
 
 from __future__ import annotations
 
+# MKL's kernels chosen by the CPU's instructions, asked for before torch loads (attnkit.mkl), as the attnkit command
+# line asks for them
+if __name__ == "__main__":
+    from attnkit.mkl import use_feature_kernels
+
+    use_feature_kernels()
+
 import argparse
 import os
 import shutil

@@ -12,6 +12,13 @@ as their signatures say (``case:lc``).
 
 from __future__ import annotations
 
+# MKL's kernels chosen by the CPU's instructions, asked for before torch loads (attnkit.mkl), as the attnkit command
+# line asks for them
+if __name__ == "__main__":
+    from attnkit.mkl import use_feature_kernels
+
+    use_feature_kernels()
+
 import argparse
 import json
 import sys

@@ -41,8 +41,10 @@ if __name__ == "__main__":
         os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", MKL_ENABLE_INSTRUCTIONS="AVX2",
                           ATTNKIT_MKL="vendor")
     from attnkit.allocator import relaunch_under_jemalloc
+    from attnkit.mkl import use_feature_kernels
 
     relaunch_under_jemalloc()
+    use_feature_kernels()  # MKL's kernels by the CPU's instructions, before torch loads (attnkit.mkl)
 
 import argparse
 import copy

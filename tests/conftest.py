@@ -25,10 +25,11 @@ atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 # seconds (tests/test_end_to_end.py checks the default, compiled then loaded from the cache)
 os.environ["ATTNKIT_COMPILE"] = "0"
 
-from attnkit.config import ExperimentConfig, TransformerConfig
+from attnkit.config import ExperimentConfig
 from attnkit.data import generate_dates, resolve_data_dir
 from attnkit.errors import AttnkitError
 from attnkit.models import PAD, Transformer
+from attnkit.models.transformer import TransformerConfig
 
 
 def pytest_configure(config):

@@ -18,8 +18,10 @@ import torch
 import uvicorn
 
 from attnkit.checkpoint import write_checkpoint
-from attnkit.config import PRESETS, ExperimentConfig, LMConfig, ShowAttendTellConfig
+from attnkit.config import PRESETS, ExperimentConfig
 from attnkit.models import build_model
+from attnkit.models.captioner import ShowAttendTellConfig
+from attnkit.models.lm import LMConfig
 from attnkit.serve import Settings, create_app
 from attnkit.tokens import EOS
 

@@ -225,9 +225,10 @@ def test_translation_models_compile_by_default_at_their_first_large_job(trained_
     asked; a server (no job size) compiles; a bad ATTNKIT_COMPILE is one line naming it."""
     import attnkit.fast
     from attnkit.api import Model
-    from attnkit.config import PRESETS, LMConfig
+    from attnkit.config import PRESETS
     from attnkit.fast import compiles_by_default
     from attnkit.models import build_model
+    from attnkit.models.lm import LMConfig
     from conftest import make_model
 
     compiled = []

@@ -53,8 +53,9 @@ def lm_checkpoint(tmp_path_factory) -> Path:
     import torch
 
     from attnkit.checkpoint import model_for, write_checkpoint
-    from attnkit.config import ExperimentConfig, LMConfig
+    from attnkit.config import ExperimentConfig
     from attnkit.data import CharTokenizer
+    from attnkit.models.lm import LMConfig
 
     root = tmp_path_factory.mktemp("lm")
     cfg = ExperimentConfig(name="lm", model=LMConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, max_positions=32))

@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.config import ExperimentConfig, ShowAttendTellConfig, TransformerCaptionerConfig
+from attnkit.config import ExperimentConfig
 from attnkit.decode import beam_search, greedy, max_lengths
 from attnkit.evaluate import caption_bleu
 from attnkit.models import BOS, PAD, build_model
+from attnkit.models.captioner import ShowAttendTellConfig, TransformerCaptionerConfig
 from attnkit.nn.loss import label_smoothed_nll
 
 VOCAB, CELLS, FEAT = 30, 49, 16

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from attnkit.config import LMConfig
 from attnkit.data import generate_dates
 from attnkit.decode.search import generate
 from attnkit.fast.compile import compile_step
 from attnkit.models import GPTClassifier, TransformerLM
 from attnkit.models.gpt_classifier import collate_framed, frame
+from attnkit.models.lm import LMConfig
 from attnkit.tokens import BOS, EOS
 from attnkit.train import Trainer, distributed, load_checkpoint
 from conftest import make_model, random_src, tiny_experiment

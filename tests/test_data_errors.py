@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 
 from attnkit.cli import main
-from attnkit.config import ExperimentConfig, LMConfig, RNNSearchConfig, TransformerConfig, dump_toml, load_config
+from attnkit.config import ExperimentConfig, dump_toml, load_config
 from attnkit.data import BOS, EOS, PAD, collate, read_lines, read_multi30k, read_parallel, read_tatoeba, token_batches
 from attnkit.data.prepare import tatoeba_split
 from attnkit.errors import AttnkitError
+from attnkit.models.lm import LMConfig
+from attnkit.models.rnn import RNNSearchConfig
+from attnkit.models.transformer import TransformerConfig
 
 
 def _assert_one_line_error(err: str, *needles: str) -> str:

@@ -322,12 +322,13 @@ def _named_places() -> list[tuple[str, list[str]]]:
 
 
 def _config_keys() -> dict[str, set[str]]:
-    from attnkit.config import MODEL_CONFIGS, ExperimentConfig
+    from attnkit import registry
+    from attnkit.config import ExperimentConfig
 
     cfg = ExperimentConfig()
     keys = {f.name: {g.name for g in dataclasses.fields(getattr(cfg, f.name))}
             for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(getattr(cfg, f.name))}
-    keys["model"] = {g.name for family in MODEL_CONFIGS.values() for g in dataclasses.fields(family)}
+    keys["model"] = {g.name for family in registry.model_configs().values() for g in dataclasses.fields(family)}
     return keys
 
 

@@ -28,8 +28,11 @@ import pytest
 import torch
 
 from attnkit.checkpoint import load_checkpoint, load_tokenizers, model_for, read_config, write_checkpoint
-from attnkit.config import ExperimentConfig, LMConfig, RNNSearchConfig, ShowAttendTellConfig
+from attnkit.config import ExperimentConfig
 from attnkit.data import WordVocab, generate_dates, load_image, pad
+from attnkit.models.captioner import ShowAttendTellConfig
+from attnkit.models.lm import LMConfig
+from attnkit.models.rnn import RNNSearchConfig
 from attnkit.tokens import BOS, EOS
 from conftest import tiny_model_config
 

@@ -18,7 +18,6 @@ from torch import nn
 import attnkit.fast
 import attnkit.fast.attention as fast_attention
 from attnkit import config
-from attnkit.config import ConvTransformerConfig, LMConfig, RNNSearchConfig
 from attnkit.data import collate
 from attnkit.decode import generate, max_lengths
 from attnkit.fast import TRAINING, TRICKS, FastDecoder, ranking, reference, use
@@ -26,6 +25,9 @@ from attnkit.fast.decoding import GroupedDecoderState, ReorderedKVCache
 from attnkit.fast.dropout import Dropout16
 from attnkit.fast.linear import OneDNNLinear, onednn_linear, relinked
 from attnkit.models import BOS, PAD, ConvTransformer, RNNSearch, TransformerLM
+from attnkit.models.conv import ConvTransformerConfig
+from attnkit.models.lm import LMConfig
+from attnkit.models.rnn import RNNSearchConfig
 from attnkit.nn import KVCache, MultiHeadAttention, label_smoothed_nll, reference_attention
 from conftest import assert_projected_loss_matches_core, make_model, random_src, tiny_model_config, toy_trained_model
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.config import LMConfig
 from attnkit.errors import AttnkitError
 from attnkit.models import PAD, GPTClassifier, TransformerLM
 from attnkit.models.classifier import classification_loss
 from attnkit.models.gpt_classifier import collate_framed, frame, lm_targets, special_ids
+from attnkit.models.lm import LMConfig
 
 VOCAB = 50
 START, DELIMITER, EXTRACT = VOCAB, VOCAB + 1, VOCAB + 2

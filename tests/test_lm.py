@@ -14,7 +14,7 @@ from safetensors.torch import save_model
 
 from attnkit import fast
 from attnkit.cli import main
-from attnkit.config import PRESETS, ExperimentConfig, LMConfig, config_from_dict
+from attnkit.config import PRESETS, ExperimentConfig, config_from_dict
 from attnkit.data import CharTokenizer, WordVocab, block_batch, shifted_blocks, stream_blocks
 from attnkit.decode import beam_search, complete, filter_logits, greedy, sample
 from attnkit.errors import AttnkitError
@@ -26,6 +26,7 @@ from attnkit.evaluate.perplexity import (
     sliding_windows,
 )
 from attnkit.models import BOS, EOS, PAD, UNK, TransformerLM, build_model
+from attnkit.models.lm import LMConfig
 from attnkit.train.checkpoint import load_weights
 from attnkit.train.tasks import LanguageModelTask
 

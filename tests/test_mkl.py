@@ -82,10 +82,10 @@ def test_the_built_library_answers_yes_and_is_built_once(tmp_path):
 
 
 def _kernels(environ: dict, torch_first: bool = False) -> list[str]:
-    """[the library loaded or "None", MKL's kernels] in a fresh interpreter that imports attnkit (after torch where
-    ``torch_first``)."""
+    """[the library loaded or "None", MKL's kernels] in a fresh interpreter that asks for MKL's feature kernels
+    (after importing torch where ``torch_first``)."""
     script = ("import torch\n" if torch_first else "") + (
-        "import attnkit.mkl as m\nprint(m._loaded)\nprint(m.kernels())\n")
+        "import attnkit.mkl as m\nm.use_feature_kernels()\nprint(m._loaded)\nprint(m.kernels())\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environ, check=True)
     return out.stdout.splitlines()
 
@@ -108,6 +108,7 @@ def test_mkl_avx512_products_are_right(tmp_path):
     # transposed operands included: MKL reads them in place, with no copy, where oneDNN's products need one
     script = """
 import attnkit.mkl as m
+m.use_feature_kernels()
 import torch
 assert m.kernels().startswith("AVX-512"), m.kernels()
 g = torch.Generator().manual_seed(0)
@@ -122,6 +123,17 @@ print(worst)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env={**PLAIN, "ATTNKIT_CACHE": str(tmp_path)})
     assert float(out.stdout) < 1e-5
+
+
+def test_importing_attnkit_builds_and_loads_nothing(tmp_path):
+    """Importing attnkit changes nothing process-wide: no library is built or loaded until asked for."""
+    script = "import attnkit, attnkit.mkl as m\nimport torch\nprint(m._loaded)\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**PLAIN, "ATTNKIT_CACHE": str(tmp_path)})
+    assert out.stdout == "None\n" and not (tmp_path / "mkl").exists()
+    maps = subprocess.run([sys.executable, "-c", "import attnkit, attnkit.api\nprint(open('/proc/self/maps').read())"],
+                          capture_output=True, text=True, check=True, env={**PLAIN, "ATTNKIT_CACHE": str(tmp_path)})
+    assert "mkl_features" not in maps.stdout
 
 
 def test_a_results_json_records_mkl_s_kernels_and_the_setting_that_chose_them(tmp_path, monkeypatch):

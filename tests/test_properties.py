@@ -13,9 +13,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnkit.config import DataConfig, DecodeConfig, ExperimentConfig, TrainConfig, TransformerConfig, load_config
+from attnkit.config import DataConfig, DecodeConfig, ExperimentConfig, TrainConfig, load_config
 from attnkit.data import read_lines, read_parallel, read_tatoeba
 from attnkit.errors import AttnkitError
+from attnkit.models.transformer import TransformerConfig
 
 SETTINGS = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -14,18 +14,13 @@ import torch.nn.functional as F
 
 from attnkit import fast
 from attnkit.cli import main
-from attnkit.config import (
-    ConvTransformerConfig,
-    ExperimentConfig,
-    RNNEncDecConfig,
-    RNNSearchConfig,
-    config_from_dict,
-    load_config,
-)
+from attnkit.config import ExperimentConfig, config_from_dict, load_config
 from attnkit.data import collate, generate_dates
 from attnkit.decode import align, beam_search, greedy, max_lengths, translate
 from attnkit.errors import AttnkitError
 from attnkit.models import BOS, EOS, PAD, RNNSearch, build_model
+from attnkit.models.conv import ConvTransformerConfig
+from attnkit.models.rnn import RNNEncDecConfig, RNNSearchConfig
 from attnkit.train import Trainer, load_checkpoint
 from conftest import random_src, tiny_experiment, tiny_model_config
 

@@ -15,23 +15,17 @@ import torch
 import torch.nn.functional as F
 
 from attnkit import fast
-from attnkit.config import (
-    BertClassifierConfig,
-    GPTClassifierConfig,
-    LMConfig,
-    RNNEncDecConfig,
-    RNNSearchConfig,
-    ShowAttendTellConfig,
-    TrainConfig,
-    TransformerCaptionerConfig,
-    TransformerConfig,
-    load_config,
-    validate,
-)
+from attnkit.config import TrainConfig, load_config, validate
 from attnkit.data import generate_dates, load_tokenizers, token_batches
 from attnkit.errors import AttnkitError
 from attnkit.fast.loss import projected_smoothed_cross_entropy, smoothed_cross_entropy
 from attnkit.fast.precision import cpu_flags
+from attnkit.models.captioner import ShowAttendTellConfig, TransformerCaptionerConfig
+from attnkit.models.classifier import BertClassifierConfig
+from attnkit.models.gpt_classifier import GPTClassifierConfig
+from attnkit.models.lm import LMConfig
+from attnkit.models.rnn import RNNEncDecConfig, RNNSearchConfig
+from attnkit.models.transformer import TransformerConfig
 from attnkit.nn.loss import label_smoothed_nll, projected_label_smoothed_nll
 from attnkit.train import (
     Trainer,

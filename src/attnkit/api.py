@@ -76,8 +76,8 @@ class Model:
         self.generative = isinstance(module, GenerativeModel)
         # the module's own decoder (fp32, eager, over the module itself, which interventions reach) draws the
         # attention; what translates may be a copy, at a lower precision or compiled
-        self._own_decoder = fast.decoder(module) if self.generative else None
-        self._decoder = self._own_decoder if precision == "fp32" or not self.generative else \
+        self.own_decoder = fast.decoder(module) if self.generative else None
+        self._decoder = self.own_decoder if precision == "fp32" or not self.generative else \
             fast.decoder(module, precision=precision)
         # compiled when first asked to decode (True), never (False), or by default (None) at the first translation
         # job large enough to repay it; never on loading: a model loaded to draw its attention compiles nothing
@@ -85,16 +85,17 @@ class Model:
         # what classifies: a copy with the fast runtime's attention, at the precision asked for (the module itself,
         # the core's, draws the attention and the explanations)
         self.classifier = None if self.generative else fast.classifier(module, precision)
-        self._image_encoder = None  # a captioner's CNN, loaded on first use
+        self._image_encoder = None  # an image kind's CNN, loaded on first use
 
     @property
     def family(self) -> str:
-        return self.module.family
+        return self.config.model.family
 
     @property
-    def source(self) -> str:
-        """What the model reads (:mod:`attnkit.registry`): "tokens", "image", "none" or "sentences"."""
-        return registry.family(self.family).source
+    def kind(self):
+        """What the model reads: its family's input kind (:mod:`attnkit.kinds`), which knows how to read, encode,
+        label and limit one input."""
+        return registry.kind_of(self.family)
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -146,7 +147,7 @@ class Model:
         from attnkit.models.transformer import EncoderDecoder
 
         self.require("translate")
-        if self.source != "tokens" or not isinstance(self.module, EncoderDecoder):
+        if not self.kind.source_vocabulary or not isinstance(self.module, EncoderDecoder):
             raise AttnkitError(f"shortlist: a {self.family} model's decoder has no vocabulary shortlist (a Transformer "
                                "translation model's has)")
         if shortlist is True:
@@ -161,16 +162,20 @@ class Model:
     # --- what a family can do
 
     def translate(self, sentences: str | list[str], beam: int | None = None, len_penalty: float | None = None,
-                  n_best: int = 1, batch_tokens: int = 4000, details: bool = False, **sampling):
+                  n_best: int = 1, batch_tokens: int = 4000, details: bool = False, on_step=None, **sampling):
         """Translate one sentence (-> a string) or a list (-> a list of strings). ``beam`` 1 is greedy; ``details``
         returns :class:`~attnkit.decode.Translation` objects (n-best hypotheses with scores); ``sampling``:
-        ``temperature``, ``top_k``, ``top_p``, ``seed``."""
+        ``temperature``, ``top_k``, ``top_p``, ``seed``; ``need_weights``: the hypotheses carry their attention.
+
+        ``on_step(step, batch)`` streams the search: each step of each batch
+        (:class:`~attnkit.decode.search.SearchStep`: the partial hypotheses, their scores, the step's attention),
+        ``batch`` the indices of its sentences; an exception it raises stops the search."""
         from attnkit.decode import translate
         from attnkit.fast import compiles_by_default
 
         self.require("translate")
         one = isinstance(sentences, str)
-        self._check_lengths([sentences] if one else sentences)
+        self.kind.check(self, [sentences] if one else sentences)
         if self._compile is None and compiles_by_default(self.module, 1 if one else len(sentences)):
             self.compile()
         d = self.config.decode
@@ -180,7 +185,8 @@ class Model:
                                "search, not by sampling")
         out = translate(self.decoder, self.tokenizers, [sentences] if one else list(sentences),
                         beam_size=beam or d.beam_size, len_penalty=penalty, n_best=n_best, max_len_a=d.max_len_a,
-                        max_len_b=d.max_len_b, batch_tokens=batch_tokens, shortlist=self.vocabulary_map, **sampling)
+                        max_len_b=d.max_len_b, batch_tokens=batch_tokens, shortlist=self.vocabulary_map,
+                        on_step=on_step, **sampling)
         result = out if details else [t.text[0] if n_best == 1 else t.text for t in out]
         return result[0] if one else result
 
@@ -191,7 +197,7 @@ class Model:
         from attnkit.decode import complete
 
         self.require("generate")
-        self._check_lengths([prompt])
+        self.kind.check(self, [prompt])
         return complete(self.decoder, self.tokenizers, prompt, max_new_tokens, temperature, top_k, top_p, seed,
                         on_text=on_text).text
 
@@ -211,21 +217,14 @@ class Model:
 
     def image_grids(self, paths: list) -> Tensor:
         """The CNN feature grids [N, L, D] a captioner reads, of these image files."""
-        from attnkit.data import load_image
-        from attnkit.nn.vision import load_pretrained, normalize
-
-        if self._image_encoder is None:
-            self._image_encoder = load_pretrained(self.config.data.image_grid).eval()
-        with torch.no_grad():
-            pixels = normalize(torch.stack([load_image(p, self.config.data.image_size) for p in paths]))
-            return self._image_encoder.forward_features(pixels).flatten(2).transpose(1, 2)
+        return self.kind.grids(self, paths)
 
     @torch.no_grad()
     def score(self, sources, targets=None) -> list[float]:
         """log p(target | source) of each pair, summed over the target's tokens and EOS. A language model scores
         texts: ``score(["To be or not"])``. A captioner's sources are image files."""
         self.require("score")
-        if self.source == "none":
+        if not self.kind.has_source:
             if targets is not None:
                 raise AttnkitError("a language model scores texts: score(texts), without targets")
             sources, targets = None, sources
@@ -233,11 +232,11 @@ class Model:
             raise AttnkitError("score takes lists: score([source, ...], [target, ...])")
         if sources is not None and len(sources) != len(targets):
             raise AttnkitError(f"score: {len(sources)} sources but {len(targets)} targets")
-        if sources is not None and self.source == "tokens":
-            self._check_lengths(sources)
+        if sources is not None:
+            self.kind.check(self, sources)
         scores = []
         for i, target in enumerate(targets):
-            src = None if sources is None else self._source(sources[i])
+            src = None if sources is None else self.kind.encode(self, sources[i])
             ids = self._target_ids(target)
             tgt_in, tgt_out = torch.tensor([[BOS] + ids]), torch.tensor([ids + [EOS]])
             out = self.module(src, tgt_in, targets=tgt_out)
@@ -259,40 +258,26 @@ class Model:
         self.require("attention")
         if not self.generative:
             return self._classifier_attention(source, target, mask_heads, mask_source)
-        length = self._source_length(source) if mask_source and self.source != "none" else None
+        kind = self.kind
+        length = kind.length(self, source) if mask_source and kind.has_source else None
         with self.intervene(mask_heads, mask_source, source_length=length):
-            if self.source == "none":
+            if not kind.has_source:
                 target = source if target is None else target
                 ids = self._target_ids(target)
                 src, tgt_in = None, torch.tensor([[BOS] + ids])
                 source_tokens = []
             else:
-                if self.source == "tokens":
-                    self._check_lengths([source])
+                kind.check(self, [source])
                 if target is None:
-                    target = self._own_output(source)
+                    target = kind.own_output(self, source)
                 ids = self._target_ids(target)
-                src, tgt_in = self._source(source), torch.tensor([[BOS] + ids])
-                source_tokens = self._source_tokens(source)
+                src, tgt_in = kind.encode(self, source), torch.tensor([[BOS] + ids])
+                source_tokens = kind.positions(self, source)
             out = self.module(src, tgt_in, targets=torch.tensor([ids + [EOS]]), need_weights=True)
         maps = out.attention
         return Attention(source_tokens, ["<s>"] + self._pieces(ids), [w[0] for w in maps.encoder if w is not None],
                          [w[0] for w in maps.decoder if w is not None], [w[0] for w in maps.cross if w is not None],
                          target, -float(out.nll))
-
-    def _own_output(self, source) -> str:
-        """The output the module itself decodes for ``source`` (a sentence or an image file), with the checkpoint's
-        beam: the model the attention maps are drawn from, interventions included."""
-        from attnkit.decode import caption, translate
-
-        d = self.config.decode
-        if self.source == "image":
-            out = caption(self._own_decoder, self.tokenizers, self.image_grids([source]), beam_size=d.beam_size,
-                          len_penalty=d.len_penalty, max_len=d.max_caption_len)
-        else:
-            out = translate(self._own_decoder, self.tokenizers, [source], beam_size=d.beam_size,
-                            len_penalty=d.len_penalty, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
-        return out[0].text[0]
 
     def _classifier_attention(self, text: str, pair: str | None, mask_heads, mask_source) -> Attention:
         from attnkit.data.wordpiece import collate_sentences
@@ -322,7 +307,7 @@ class Model:
             return found if found and all(isinstance(m, MultiHeadAttention) for m in found) else []
 
         m = self.module
-        if self.source == "none":
+        if not self.kind.has_source:
             return {"encoder": [], "decoder": of(m.layers, "self_attn"), "cross": []}
         decoder = getattr(m, "decoder", None)
         decoder = decoder if isinstance(decoder, torch.nn.ModuleList) else None
@@ -395,7 +380,7 @@ class Model:
 
     def _check_source_mask(self, positions: list[int], source_length: int | None) -> None:
         if not self.can_mask_source:
-            what = "no source" if self.source == "none" else "no source padding to hide tokens with"
+            what = "no source padding to hide tokens with" if self.kind.has_source else "no source"
             raise AttnkitError(f"mask_source: a {self.family} model has {what}")
         if source_length is not None and not all(0 <= p < source_length for p in positions):
             raise AttnkitError(f"mask_source: positions must be in 0..{source_length - 1} (the source's tokens), "
@@ -424,7 +409,7 @@ class Model:
         from attnkit.decode import align
 
         self.require("align")
-        self._check_lengths([sentence])
+        self.kind.check(self, [sentence])
         d = self.config.decode
         return align(self.module, self.tokenizers, sentence, beam_size=beam or d.beam_size, len_penalty=d.len_penalty,
                      max_len_a=d.max_len_a, max_len_b=d.max_len_b, layer=layer, head=head)
@@ -463,14 +448,6 @@ class Model:
 
     # --- tokens
 
-    def _check_lengths(self, texts) -> None:
-        """Bounded work: a source longer than ``decode.max_source_tokens`` subwords is refused, not decoded."""
-        tokenizer = getattr(self.tokenizers, "src", self.tokenizers)
-        limit = self.config.decode.max_source_tokens
-        for i, ids in enumerate(tokenizer.encode(list(texts))):
-            if len(ids) > limit:
-                raise AttnkitError(f"source {i}: {len(ids)} tokens, more than decode.max_source_tokens = {limit}")
-
     def _target_tokenizer(self):
         return getattr(self.tokenizers, "tgt", self.tokenizers)
 
@@ -479,26 +456,6 @@ class Model:
 
     def _pieces(self, ids: list[int]) -> list[str]:
         return list(self._target_tokenizer().id_to_piece(ids))
-
-    def _source(self, source) -> Tensor:
-        if self.source == "image":
-            return self.image_grids([source])
-        ids = self.tokenizers.src.encode([source])[0] + [EOS]
-        return torch.tensor([ids], dtype=torch.long)
-
-    def _source_length(self, source) -> int:
-        """How many positions the source has (as :meth:`attention` lists them), without encoding it."""
-        if self.source == "image":
-            from attnkit.nn.vision import grid_shape
-
-            _, h, w = grid_shape(self.config.data.image_grid, self.config.data.image_size)
-            return h * w
-        return len(self.tokenizers.src.encode([source])[0]) + 1
-
-    def _source_tokens(self, source) -> list[str]:
-        if self.source == "image":
-            return [f"cell {i}" for i in range(self._source(source).size(1))]
-        return self.tokenizers.src.pieces(source) + ["</s>"]
 
 
 def load(path: str | Path, precision: str = "fp32", compile: bool | None = None,

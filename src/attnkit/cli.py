@@ -596,7 +596,7 @@ def cmd_align(args) -> int:
     _check_output(args.output)
     model = load(args.checkpoint)
     if "align" not in model.capabilities:
-        hint = "; a captioner's attention: attnkit caption --show-attention" if model.source == "image" else ""
+        hint = "; a captioner's attention: attnkit caption --show-attention" if "caption" in model.capabilities else ""
         raise AttnkitError(f"{args.checkpoint}: a {model.family} model has no alignment to show{hint}")
     _check_source_lengths([args.src], model.tokenizers.src, model.config.decode.max_source_tokens, "--src")
     a = model.align(args.src, beam=args.beam, layer=args.layer, head=args.head)
@@ -876,6 +876,9 @@ def cmd_data_fetch(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE",
+                        help="a Python file (or module) that registers model families or input kinds "
+                             "(attnkit.register_family; docs/extending.md); repeatable, also ATTNKIT_PLUGINS")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model from a TOML config")
@@ -1109,11 +1112,12 @@ def main(argv: list[str] | None = None) -> int:
     has it (attnkit.allocator), before torch is imported."""
     if argv is None:
         from attnkit.allocator import AllocatorError, relaunch_under_jemalloc
-        from attnkit.mkl import MklChoiceError, choice
+        from attnkit.mkl import MklChoiceError, choice, use_feature_kernels
 
         try:
             relaunch_under_jemalloc()
-            choice(os.environ)  # attnkit.mkl: read when attnkit was imported
+            choice(os.environ)
+            use_feature_kernels()  # before torch is imported (attnkit.mkl)
         except (AllocatorError, MklChoiceError) as e:
             print(f"attnkit: error: {e}", file=sys.stderr)
             return 2
@@ -1122,6 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     keep_freed_memory()
     try:
+        _load_plugins(args.plugin)
         if getattr(args, "threads", None) is not None and args.threads < 1:
             raise AttnkitError(f"--threads {args.threads}: expected a positive number of threads")
         if getattr(args, "needs_torch", True):
@@ -1134,6 +1139,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # the one place errors become lines: AttnkitError, OS and file-format errors, bugs
         return _report(e)
+
+
+def _load_plugins(files: list[str]) -> None:
+    """Register what ``--plugin`` and ``ATTNKIT_PLUGINS`` name, the option's files kept in the environment so that
+    the processes a command starts (torchrun's ranks) register them too."""
+    from attnkit import registry
+
+    for file in files:
+        if not file.endswith(".py"):
+            continue
+        if not Path(file).is_file():
+            raise AttnkitError(f"--plugin {file}: no such file")
+    if files:
+        named = [str(Path(f).resolve()) if f.endswith(".py") else f for f in files]
+        known = [x for x in os.environ.get(registry.PLUGINS, "").split(os.pathsep) if x]
+        os.environ[registry.PLUGINS] = os.pathsep.join(dict.fromkeys(known + named))
+    registry.load_plugins()
 
 
 def _report(e: Exception) -> int:

@@ -17,197 +17,22 @@ from pathlib import Path
 from attnkit import registry
 from attnkit.errors import AttnkitError
 
-# --- the model families: one dataclass each, whose fields mean one thing
+# --- the model families: one dataclass each, defined beside its model and named by its registry entry
 
 
 @dataclass
-class EncoderDecoderSizes:
-    """The sizes every Transformer-decoded family shares (the encoder is each family's own)."""
+class ModelConfig:
+    """What every family's config dataclass starts with: ``family`` names its registry entry
+    (:mod:`attnkit.registry`), ``preset`` fills its fields first (:data:`PRESETS`). Each family's own fields mean
+    one thing; checkpoints written by attnkit 0.1, which kept one [model] table for every family, named some of
+    them otherwise (its entry's ``legacy_names``)."""
 
     family: str = ""
     preset: str = ""
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024  # the position-wise feed-forward layer's inner width
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0  # inside the FFN; off in the paper, and costly on a CPU (the d_ff-wide tensor)
-    activation: str = "relu"
-    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
-    positional: str = "sinusoidal"  # or "learned" (of the target words; and of the source words where it has them)
-    max_positions: int = 1024
-
-    @property
-    def width(self) -> int:
-        """The model width the "noam" learning-rate schedule scales by."""
-        return self.d_model
 
 
-@dataclass
-class TransformerConfig(EncoderDecoderSizes):
-    """The Transformer encoder-decoder (Vaswani et al. 2017); ``preset`` "base", "big" (the paper), "small", "tiny"."""
-
-    family: str = "transformer"
-    share_embeddings: bool = True  # source/target embeddings and output layer tied (needs a joint vocabulary)
-
-
-@dataclass
-class ConvTransformerConfig(TransformerConfig):
-    """A convolutional encoder (``n_encoder_layers`` gated convolution blocks of kernel width ``conv_kernel``)
-    in place of the Transformer's self-attention encoder; the decoder is the Transformer's."""
-
-    family: str = "conv_transformer"
-    conv_kernel: int = 3  # odd: the convolutions are centred
-
-
-@dataclass
-class TransformerCaptionerConfig(EncoderDecoderSizes):
-    """Self-attention over an image grid of ``d_feature``-channel cells (each cell a learned position), then the
-    Transformer decoder."""
-
-    family: str = "transformer_captioner"
-    n_encoder_layers: int = 2
-    d_feature: int = 1280
-
-
-@dataclass
-class LMConfig:
-    """A decoder-only Transformer language model (GPT); ``preset`` "lm_tiny" .. "gpt2_small"."""
-
-    family: str = "transformer_lm"
-    preset: str = ""
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    n_layers: int = 4
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation: str = "gelu"
-    norm_first: bool = True  # pre-LN, as GPT-2
-    layer_norm_eps: float = 1e-5
-    positional: str = "learned"
-    max_positions: int = 1024
-    share_embeddings: bool = True  # input embedding and output layer tied (Press & Wolf 2017), as GPT-2
-    # cutoffs of an adaptive softmax (Grave et al. 2017), e.g. [2000, 10000]: the frequent words get a full-width
-    # softmax, rarer ones narrower clusters. Empty: one softmax over the whole vocabulary. With share_embeddings
-    # the input embedding is adaptive too and shares the softmax's weights.
-    adaptive_softmax: tuple[int, ...] = ()
-
-    @property
-    def width(self) -> int:
-        return self.d_model
-
-
-@dataclass
-class RNNEncDecConfig:
-    """The RNN encoder-decoder of Cho et al. (2014): a GRU encoder's last state is the "thought vector"."""
-
-    family: str = "rnn_encdec"
-    preset: str = ""
-    embedding_size: int = 256  # word embeddings (and the readout's width)
-    hidden_size: int = 512  # GRU units (the thought vector's width)
-    n_encoder_layers: int = 1
-    n_decoder_layers: int = 1
-    dropout: float = 0.3  # on the embeddings, between stacked GRUs and on the readout
-    share_embeddings: bool = True  # source/target embeddings and output layer tied (needs a joint vocabulary)
-
-    @property
-    def width(self) -> int:
-        return self.hidden_size
-
-
-@dataclass
-class RNNSearchConfig(RNNEncDecConfig):
-    """RNNsearch (Bahdanau et al. 2014): a bidirectional GRU encoder (``hidden_size`` units per direction) and a
-    decoder that attends to its annotations; the additive score's hidden layer has ``hidden_size`` units."""
-
-    family: str = "rnnsearch"
-    hidden_size: int = 256
-    attention_score: str = "additive"  # additive (Bahdanau), general, dot, scaled_dot (Luong)
-    context_dropout: float = 0.0  # on the annotations the decoder attends to (and starts from)
-
-
-@dataclass
-class ShowAttendTellConfig:
-    """Show, Attend and Tell (Xu et al. 2015): an LSTM that attends to an image grid of ``d_feature``-channel cells."""
-
-    family: str = "show_attend_tell"
-    preset: str = ""
-    hidden_size: int = 512  # the LSTM state and the word embeddings
-    attention_size: int = 512  # the additive score's hidden layer
-    d_feature: int = 1280
-    attention_score: str = "additive"  # additive, general, dot, scaled_dot
-    attention_penalty: float = 1.0  # lambda of the doubly stochastic regulariser (eq. 14)
-    dropout: float = 0.5
-
-    @property
-    def width(self) -> int:
-        return self.hidden_size
-
-
-@dataclass
-class BertConfig:
-    """A BERT encoder (Devlin et al. 2019), imported from Hugging Face weights, not trained here."""
-
-    family: str = "bert"
-    preset: str = ""
-    d_model: int = 384
-    n_heads: int = 12
-    d_ff: int = 1536
-    n_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    activation: str = "gelu"
-    layer_norm_eps: float = 1e-12
-    max_positions: int = 512
-
-    @property
-    def width(self) -> int:
-        return self.d_model
-
-
-@dataclass
-class BertClassifierConfig(BertConfig):
-    """BERT fine-tuned on a task (Devlin et al. 2019, section 4): the encoder of ``pretrained`` (a Hugging Face
-    directory; empty: the shipped all-MiniLM-L6-v2), a pooled representation, dropout (``dropout``, as BERT's
-    hidden layers) and one linear layer over the task's labels, or one score for a regression task. The encoder's
-    sizes are the pretrained model's: a run reads them from its config.json and records them."""
-
-    family: str = "bert_classifier"
-    pretrained: str = ""
-    pooling: str = "cls"  # cls: BERT's pooler over [CLS]; mean: the mean of the final states (sentence-transformers)
-
-
-@dataclass
-class GPTClassifierConfig(LMConfig):
-    """A GPT fine-tuned on a task, GPT-1's recipe (Radford et al. 2018, section 3.2): the language model of
-    ``pretrained`` (a ``transformer_lm`` checkpoint or run directory whose tokenizer is SentencePiece), its input
-    framed with start, delimiter and extract tokens, dropout (``dropout``, as the LM's) and a linear head on the
-    extract token's final state; the LM's own loss on the input is added with weight ``lm_weight`` (lambda).
-    The LM's sizes and tokenizer are the pretrained run's: a run reads them from its config.toml and records
-    them. ``from_scratch``: the same LM shape and tokenizer with freshly initialised weights (what pretraining
-    buys, measured)."""
-
-    family: str = "gpt_classifier"
-    pretrained: str = ""
-    from_scratch: bool = False
-    lm_weight: float = 0.5
-
-
-MODEL_CONFIGS = {name: globals()[f.config.partition(":")[2]] for name, f in registry.FAMILIES.items()}
-ModelConfig = (TransformerConfig | ConvTransformerConfig | TransformerCaptionerConfig | LMConfig | RNNEncDecConfig
-               | RNNSearchConfig | ShowAttendTellConfig | BertConfig | BertClassifierConfig | GPTClassifierConfig)
-
-# checkpoints written by attnkit 0.1 kept one [model] table for every family; these keys had another name there
-LEGACY_NAMES = {
-    "rnn_encdec": {"d_model": "embedding_size", "d_ff": "hidden_size"},
-    "rnnsearch": {"d_model": "embedding_size", "d_ff": "hidden_size"},
-    "show_attend_tell": {"d_model": "hidden_size", "d_ff": "attention_size"},
-    "transformer_lm": {"n_decoder_layers": "n_layers"},
-}
+def _default_model() -> ModelConfig:
+    return registry.config_class(registry.DEFAULT_FAMILY)()
 
 
 @dataclass
@@ -316,7 +141,7 @@ class DecodeConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
-    model: ModelConfig = field(default_factory=TransformerConfig)
+    model: ModelConfig = field(default_factory=_default_model)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -354,12 +179,12 @@ def _coerce(value, typ, where: str):
 
 
 def _fill(obj, table: dict, where: str):
-    hints = typing.get_type_hints(type(obj), globalns=globals())
+    hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in table.items():
         if key not in names:
             family = getattr(obj, "family", None)
-            renamed = LEGACY_NAMES.get(family, {}).get(key) if isinstance(family, str) else None
+            renamed = registry.family(family).legacy_names.get(key) if family in registry.FAMILIES else None
             if renamed:
                 raise AttnkitError(f"{where}: unknown key '{key}': a {family} model calls it '{renamed}'")
             raise AttnkitError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(names))})")
@@ -409,8 +234,8 @@ _LEGACY_MODEL_KEYS = {
 def _from_legacy(family: str, table: dict) -> dict:
     """A [model] table as attnkit 0.1 wrote it into checkpoints (one table for every family) in this family's
     names; the keys the family never read are dropped."""
-    renamed = LEGACY_NAMES.get(family, {})
-    fields = {f.name for f in dataclasses.fields(MODEL_CONFIGS[family])}
+    renamed = registry.family(family).legacy_names
+    fields = {f.name for f in dataclasses.fields(registry.config_class(family))}
     out = {}
     for key, value in table.items():
         key = renamed.get(key, key)
@@ -430,14 +255,12 @@ def config_from_dict(table: dict, where: str = "config", legacy: bool = False) -
     model = table.get("model", {})
     if not isinstance(model, dict):
         raise AttnkitError(f"{where}.model: expected a table")
-    family = model.get("family", "transformer")
-    if not isinstance(family, str):
-        raise AttnkitError(f"{where}: model.family = {family!r} is not one of {', '.join(MODEL_CONFIGS)}")
-    if family not in MODEL_CONFIGS:
-        raise AttnkitError(f"{where}: model.family = {family!r} is not one of {', '.join(MODEL_CONFIGS)}")
+    family = model.get("family", registry.DEFAULT_FAMILY)
+    if not isinstance(family, str) or family not in registry.FAMILIES:
+        raise AttnkitError(f"{where}: {registry.describe_unknown_family(family)}")
     if legacy:
         model = _from_legacy(family, model)
-    cfg.model = MODEL_CONFIGS[family]()
+    cfg.model = registry.config_class(family)()
     preset = model.get("preset", "")
     if not isinstance(preset, str):
         raise AttnkitError(f"{where}: model.preset = {preset!r}: expected the name of a preset")
@@ -522,7 +345,7 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
     if hasattr(m, "conv_kernel") and (m.conv_kernel < 1 or m.conv_kernel % 2 == 0):
         raise AttnkitError(f"{where}: model.conv_kernel = {m.conv_kernel} must be a positive odd number "
                            "(the encoder's convolutions are centred)")
-    if getattr(m, "share_embeddings", False) and registry.family(m.family).source == "tokens" \
+    if getattr(m, "share_embeddings", False) and registry.kind_of(m.family).source_vocabulary \
             and not cfg.data.joint_vocab:
         raise AttnkitError(f"{where}: model.share_embeddings = true needs data.joint_vocab = true")
     if getattr(m, "adaptive_softmax", ()):
@@ -579,13 +402,7 @@ def check_positions(cfg: ExperimentConfig, where: str = "config") -> None:
     config is not refused for it)."""
     m = cfg.model
     if getattr(m, "positional", None) == "learned" and hasattr(m, "max_positions"):
-        source = registry.family(m.family).source
-        if source == "none":
-            need, what = cfg.data.block_size, f"data.block_size = {cfg.data.block_size} tokens per example"
-        elif source == "tokens":
-            need, what = cfg.data.max_len + 1, f"data.max_len = {cfg.data.max_len} subwords and an end token"
-        else:
-            need, what = 0, ""
+        need, what = registry.kind_of(m.family).positions_needed(cfg)
         if m.max_positions < need:
             raise AttnkitError(f"{where}: model.max_positions = {m.max_positions} learned positions are fewer than "
                                f"{what}")

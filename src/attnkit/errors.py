@@ -12,6 +12,15 @@ class AttnkitError(Exception):
     """A user-facing error: the message says what is wrong and where (file, line, key)."""
 
 
+class RequestError(AttnkitError):
+    """A request's fault found below the server (by an input kind): the HTTP status it is answered with (422 a
+    wrong value, 413 too large) and the one line naming the field."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 def environment_choice(environ, variable: str, choices: tuple[str, ...], error: type[Exception] = ValueError) -> str:
     """The value of ``variable`` in ``environ``, one of ``choices`` (the first when it is not set); else ``error``
     naming the variable, its value and the choices."""

@@ -18,9 +18,11 @@ has. attnkit builds that one-line library with the system's C compiler once, kee
 - torch is not imported yet: once libtorch is loaded, its calls are bound to its own answer;
 - ``ATTNKIT_MKL`` is ``features`` (the default); ``vendor`` leaves MKL's own choice.
 
-``import attnkit`` does it, so the ``attnkit`` command line, the benches and Python code that imports attnkit before
-torch all run the AVX-512 kernels; :func:`kernels` says which MKL runs, and every results JSON records it. Without
-a C compiler nothing is loaded and MKL chooses as it does by default.
+Importing attnkit does not do it: a library that changes how MKL picks kernels changes the whole process, so it is
+asked for. The ``attnkit`` command line asks as it starts, :func:`attnkit.load` when it is called before torch is
+imported, and the benches as they start; Python code asks with ``attnkit.mkl.use_feature_kernels()`` before it
+imports torch. :func:`kernels` says which MKL runs, and every results JSON records it. Without a C compiler nothing
+is loaded and MKL chooses as it does by default.
 
 This module imports nothing heavy: it runs before torch is loaded.
 """

@@ -23,8 +23,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from attnkit.checkpoint import load_weights, read_config, read_meta, resolve_checkpoint, verify_files
-from attnkit.config import ExperimentConfig, LMConfig
+from attnkit.config import ExperimentConfig
 from attnkit.errors import AttnkitError
+from attnkit.models.lm import LMConfig
 
 
 def check_truncate(cfg: ExperimentConfig, pretrained: Path) -> None:

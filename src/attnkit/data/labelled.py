@@ -343,19 +343,24 @@ def check_labels(dev: Labelled, names: Sequence[str], origin: str = "the trainin
 
 @dataclass(frozen=True)
 class _Glue:
+    """A GLUE task's files: its folder, columns and labels. ``sts_layout``: its dev and test splits may also come
+    in the STS benchmark's own layout (no header, 7 or 9 fields, the score 5th)."""
+
+    name: str
     folder: str
     text: str
     text_pair: str | None
     label: str
     regression: bool = False
     labels: tuple[str, ...] = ()
+    sts_layout: bool = False
 
 
-_GLUE = {
-    "sst2": _Glue("SST-2", "sentence", None, "label", labels=("0", "1")),
-    "mrpc": _Glue("MRPC", "#1 String", "#2 String", "Quality", labels=("0", "1")),
-    "stsb": _Glue("STS-B", "sentence1", "sentence2", "score", regression=True),
-}
+_GLUE = {g.name: g for g in (
+    _Glue("sst2", "SST-2", "sentence", None, "label", labels=("0", "1")),
+    _Glue("mrpc", "MRPC", "#1 String", "#2 String", "Quality", labels=("0", "1")),
+    _Glue("stsb", "STS-B", "sentence1", "sentence2", "score", regression=True, sts_layout=True),
+)}
 GLUE_TASKS = tuple(_GLUE)
 GLUE_SPLITS = ("train", "dev", "test")
 
@@ -385,7 +390,7 @@ def read_glue(task: str, split: str, data_dir: str | Path | None = None) -> Labe
                  regression=glue.regression, score_range=(0.0, 5.0) if glue.regression else None,
                  range_name=glue.folder)
     path = folder / f"{split}.tsv"
-    if key == "stsb" and split != "train" and not path.exists() and (folder / f"sts-{split}.tsv").exists():
+    if glue.sts_layout and split != "train" and not path.exists() and (folder / f"sts-{split}.tsv").exists():
         # the original format is labelled in both dev and test, and has no index column
         original = _Spec(text="sentence1", text_pair="sentence2", label="score", regression=True,
                          score_range=(0.0, 5.0), range_name=glue.folder)
@@ -430,12 +435,13 @@ def glue_task_of(fields: list[str], own: str, pairs: bool) -> str | None:
         if g.text in fields and (g.text_pair is None or g.text_pair in fields) and (
                 g.label in fields or "index" in fields):
             return task
-    if "stsb" in tasks and len(fields) in (7, 9):
-        try:
-            float(fields[4])
-            return "stsb"
-        except ValueError:
-            pass
+    for task in tasks:
+        if _GLUE[task].sts_layout and len(fields) in (7, 9):
+            try:
+                float(fields[4])
+                return task
+            except ValueError:
+                pass
     return None
 
 
@@ -443,7 +449,7 @@ def read_glue_file(path: Path, task: str, fields: list[str], labelled: bool):
     """A GLUE file of ``task`` (any split: a test file's index column is read, its missing labels are None)."""
     g = _GLUE[task]
     score_range = (0.0, 5.0) if g.regression else None
-    if task == "stsb" and g.text not in fields:  # the STS benchmark's own layout: labelled, no header
+    if g.sts_layout and g.text not in fields:  # the STS benchmark's own layout: labelled, no header
         spec = _Spec(text="sentence1", text_pair="sentence2", label="score", regression=True,
                      score_range=score_range, range_name=g.folder)
         return _read(path, spec, "tsv", header=_STS_COLUMNS, widths={7, 9})

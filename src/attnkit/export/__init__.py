@@ -49,7 +49,6 @@ def export(checkpoint: str | Path, to: str, out: str | Path, vmap: str | Path | 
     difference|). ``vmap``: a vocabulary map (``attnkit shortlist``) that a CTranslate2 export carries, for
     ``use_vmap``."""
     from attnkit.checkpoint import load_checkpoint
-    from attnkit.models import SequenceClassifier
 
     if to not in FORMATS:
         raise AttnkitError(f"--to {to}: expected one of {', '.join(FORMATS)}")
@@ -67,7 +66,7 @@ def export(checkpoint: str | Path, to: str, out: str | Path, vmap: str | Path | 
     if to not in exports:
         raise AttnkitError(f"{checkpoint}: a model.family = {cfg.model.family!r} model exports "
                            f"{'to ' + ' or '.join(exports) if exports else 'to nothing'}, not to {to}")
-    if isinstance(model, SequenceClassifier):
+    if not registry.family(cfg.model.family).decodes:  # a classifier or regressor
         from attnkit.export.classifier import export_classifier
 
         return export_classifier(model, toks, to, out)

@@ -27,9 +27,10 @@ from torch import Tensor
 
 from attnkit import registry
 from attnkit.checkpoint import load_checkpoint, write_checkpoint
-from attnkit.config import ExperimentConfig, TransformerConfig
+from attnkit.config import ExperimentConfig
 from attnkit.errors import AttnkitError
 from attnkit.models import BOS, EOS, PAD, UNK, Transformer
+from attnkit.models.transformer import TransformerConfig
 
 
 def _transformers():
@@ -262,7 +263,8 @@ def empty_output(out: str | Path) -> Path:
 def export_huggingface(checkpoint: str | Path, out: str | Path) -> Path:
     """Write a MarianMTModel directory (config.json, generation_config.json, model.safetensors, tokenizer files)."""
     model, cfg, toks, _ = load_checkpoint(checkpoint)
-    if not isinstance(model, Transformer):
+    f = registry.family(cfg.model.family)
+    if not (f.decodes and "huggingface" in f.exports):
         raise AttnkitError(f"{checkpoint}: model.family = {cfg.model.family!r}; only the Transformer exports")
     out = empty_output(out)
     config = marian_config(cfg, toks.src.vocab_size, toks.tgt.vocab_size)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from attnkit import registry
 from attnkit.checkpoint import load_checkpoint
 from attnkit.errors import AttnkitError
 from attnkit.models import BOS, EOS, PAD, Transformer
@@ -89,7 +90,8 @@ def export_onnx(checkpoint: str | Path, out: str | Path) -> Path:
 
     out = empty_output(out)
     model, cfg, toks, _ = load_checkpoint(checkpoint)
-    if not isinstance(model, Transformer):
+    f = registry.family(cfg.model.family)
+    if not (f.decodes and "onnx" in f.exports):
         raise AttnkitError(f"{checkpoint}: model.family = {cfg.model.family!r}; only the Transformer exports to ONNX")
     export_graphs(model, out)
     for f in sorted({toks.src.path, toks.tgt.path}):

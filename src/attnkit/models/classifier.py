@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -29,8 +30,20 @@ from safetensors import safe_open
 from torch import Tensor, nn
 
 from attnkit.errors import AttnkitError
-from attnkit.models.bert import BertEncoder, load_bert, minilm_dir
+from attnkit.models.bert import BertConfig, BertEncoder, load_bert, minilm_dir
 from attnkit.models.contract import AttentionMaps, ModelOutput
+
+
+@dataclass
+class BertClassifierConfig(BertConfig):
+    """BERT fine-tuned on a task (Devlin et al. 2019, section 4): the encoder of ``pretrained`` (a Hugging Face
+    directory; empty: the shipped all-MiniLM-L6-v2), a pooled representation, dropout (``dropout``, as BERT's
+    hidden layers) and one linear layer over the task's labels, or one score for a regression task. The encoder's
+    sizes are the pretrained model's: a run reads them from its config.json and records them."""
+
+    family: str = "bert_classifier"
+    pretrained: str = ""
+    pooling: str = "cls"  # cls: BERT's pooler over [CLS]; mean: the mean of the final states (sentence-transformers)
 
 POOLINGS = ("cls", "mean")
 PROBLEMS = ("classification", "regression")

@@ -13,14 +13,23 @@ this encoder in front of the Transformer decoder: family "conv_transformer".
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import ConvTransformerConfig
-from attnkit.models.transformer import EncoderDecoder, Memory
+from attnkit.models.transformer import EncoderDecoder, Memory, TransformerConfig
 from attnkit.nn import TokenEmbedding, make_positional
 from attnkit.tokens import PAD
+
+
+@dataclass
+class ConvTransformerConfig(TransformerConfig):
+    """A convolutional encoder (``n_encoder_layers`` gated convolution blocks of kernel width ``conv_kernel``)
+    in place of the Transformer's self-attention encoder; the decoder is the Transformer's."""
+
+    family: str = "conv_transformer"
+    conv_kernel: int = 3  # odd: the convolutions are centred
 
 
 class GatedConv(nn.Module):

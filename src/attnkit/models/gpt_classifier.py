@@ -17,13 +17,13 @@ pretrained rows kept as they are. GPT-1 uses lambda = 0.5 and dropout 0.1 on the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import LMConfig
 from attnkit.errors import AttnkitError
 from attnkit.models.classifier import (
     REDUCTIONS,
@@ -35,8 +35,25 @@ from attnkit.models.classifier import (
     regression_loss,
 )
 from attnkit.models.contract import AttentionMaps, ModelOutput
-from attnkit.models.lm import TransformerLM
+from attnkit.models.lm import LMConfig, TransformerLM
 from attnkit.tokens import PAD
+
+
+@dataclass
+class GPTClassifierConfig(LMConfig):
+    """A GPT fine-tuned on a task, GPT-1's recipe (Radford et al. 2018, section 3.2): the language model of
+    ``pretrained`` (a ``transformer_lm`` checkpoint or run directory whose tokenizer is SentencePiece), its input
+    framed with start, delimiter and extract tokens, dropout (``dropout``, as the LM's) and a linear head on the
+    extract token's final state; the LM's own loss on the input is added with weight ``lm_weight`` (lambda).
+    The LM's sizes and tokenizer are the pretrained run's: a run reads them from its config.toml and records
+    them. ``from_scratch``: the same LM shape and tokenizer with freshly initialised weights (what pretraining
+    buys, measured)."""
+
+    family: str = "gpt_classifier"
+    pretrained: str = ""
+    from_scratch: bool = False
+    lm_weight: float = 0.5
+
 
 N_SPECIAL = 3  # start <s>, delimiter $, extract <e>
 

@@ -21,12 +21,41 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import LMConfig
+from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError
 from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput, mean_step_attention
 from attnkit.nn import AdaptiveInput, EncoderLayer, KVCache, TokenEmbedding, make_positional
 from attnkit.nn.loss import projected_label_smoothed_nll
 from attnkit.tokens import PAD
+
+
+@dataclass
+class LMConfig(ModelConfig):
+    """A decoder-only Transformer language model (GPT); ``preset`` "lm_tiny" .. "gpt2_small"."""
+
+    family: str = "transformer_lm"
+    preset: str = ""
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    n_layers: int = 4
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "gelu"
+    norm_first: bool = True  # pre-LN, as GPT-2
+    layer_norm_eps: float = 1e-5
+    positional: str = "learned"
+    max_positions: int = 1024
+    share_embeddings: bool = True  # input embedding and output layer tied (Press & Wolf 2017), as GPT-2
+    # cutoffs of an adaptive softmax (Grave et al. 2017), e.g. [2000, 10000]: the frequent words get a full-width
+    # softmax, rarer ones narrower clusters. Empty: one softmax over the whole vocabulary. With share_embeddings
+    # the input embedding is adaptive too and shares the softmax's weights.
+    adaptive_softmax: tuple[int, ...] = ()
+
+    @property
+    def width(self) -> int:
+        return self.d_model
 
 
 @dataclass
@@ -168,3 +197,8 @@ class TransformerLM(GenerativeModel):
         attn = mean_step_attention(weights)
         logits = self.output_logits(self.norm(x[:, 0]))
         return F.log_softmax(logits.float(), dim=-1), LMState(caches, state.offset + 1), attn
+
+
+def build_language_model(cfg: LMConfig, _: int, vocab_size: int) -> TransformerLM:
+    """A language model reads no source: its source size is ignored."""
+    return TransformerLM(cfg, vocab_size)

@@ -23,12 +23,41 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnkit.config import RNNEncDecConfig, RNNSearchConfig
+from attnkit.config import ModelConfig
 from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
 from attnkit.models.transformer import Memory
 from attnkit.nn import make_score, masked_softmax
 from attnkit.nn.loss import label_smoothed_nll
 from attnkit.tokens import PAD
+
+
+@dataclass
+class RNNEncDecConfig(ModelConfig):
+    """The RNN encoder-decoder of Cho et al. (2014): a GRU encoder's last state is the "thought vector"."""
+
+    family: str = "rnn_encdec"
+    preset: str = ""
+    embedding_size: int = 256  # word embeddings (and the readout's width)
+    hidden_size: int = 512  # GRU units (the thought vector's width)
+    n_encoder_layers: int = 1
+    n_decoder_layers: int = 1
+    dropout: float = 0.3  # on the embeddings, between stacked GRUs and on the readout
+    share_embeddings: bool = True  # source/target embeddings and output layer tied (needs a joint vocabulary)
+
+    @property
+    def width(self) -> int:
+        return self.hidden_size
+
+
+@dataclass
+class RNNSearchConfig(RNNEncDecConfig):
+    """RNNsearch (Bahdanau et al. 2014): a bidirectional GRU encoder (``hidden_size`` units per direction) and a
+    decoder that attends to its annotations; the additive score's hidden layer has ``hidden_size`` units."""
+
+    family: str = "rnnsearch"
+    hidden_size: int = 256
+    attention_score: str = "additive"  # additive (Bahdanau), general, dot, scaled_dot (Luong)
+    context_dropout: float = 0.0  # on the annotations the decoder attends to (and starts from)
 
 
 @dataclass

@@ -15,11 +15,42 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.config import EncoderDecoderSizes, TransformerConfig
+from attnkit.config import ModelConfig
 from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput, mean_step_attention
 from attnkit.nn import DecoderLayer, EncoderLayer, KVCache, TokenEmbedding, make_positional
 from attnkit.nn.loss import projected_label_smoothed_nll
 from attnkit.tokens import PAD
+
+
+@dataclass
+class EncoderDecoderSizes(ModelConfig):
+    """The sizes every Transformer-decoded family shares (the encoder is each family's own)."""
+
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024  # the position-wise feed-forward layer's inner width
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0  # inside the FFN; off in the paper, and costly on a CPU (the d_ff-wide tensor)
+    activation: str = "relu"
+    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
+    positional: str = "sinusoidal"  # or "learned" (of the target words; and of the source words where it has them)
+    max_positions: int = 1024
+
+    @property
+    def width(self) -> int:
+        """The model width the "noam" learning-rate schedule scales by."""
+        return self.d_model
+
+
+@dataclass
+class TransformerConfig(EncoderDecoderSizes):
+    """The Transformer encoder-decoder (Vaswani et al. 2017); ``preset`` "base", "big" (the paper), "small", "tiny"."""
+
+    family: str = "transformer"
+    share_embeddings: bool = True  # source/target embeddings and output layer tied (needs a joint vocabulary)
 
 
 @dataclass

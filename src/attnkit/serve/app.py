@@ -155,9 +155,6 @@ GET /  (and every other path)
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
 import json
 import logging
 import time
@@ -169,6 +166,7 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnkit.errors import AttnkitError
+from attnkit.kinds.image import check_image
 from attnkit.serve import compute
 from attnkit.serve.errors import ApiError, validation_message
 from attnkit.serve.metrics import Metrics
@@ -242,7 +240,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(AttnkitError)
     async def attnkit_error(request: Request, exc: AttnkitError):
-        return error_response(422, str(exc))
+        return error_response(getattr(exc, "status", 422), str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -353,7 +351,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
     async def translate(body: TranslateRequest, request: Request):
         m = pick(body.model, "/v1/translate")
         options = compute.translate_options(m, body, settings)
-        tokens = compute.source_tokens(m, body.sentences, settings)
+        tokens = m.model.kind.count_tokens(m.model, body.sentences, settings)
         j = job("translate", m, body, key=("translate", m.name, *options), tokens=sum(tokens), streaming=body.stream)
         return stream(j) if body.stream else await run(j, request)
 
@@ -363,7 +361,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
         if body.max_tokens > settings.max_new_tokens:
             raise ApiError(413, f"max_tokens: {body.max_tokens} is more than this server's limit of "
                                 f"{settings.max_new_tokens}")
-        compute.check_prompt(m, body.prompt, settings)
+        m.model.kind.count_tokens(m.model, body.prompt, settings)
         j = job("generate", m, body, streaming=body.stream)
         return stream(j) if body.stream else await run(j, request)
 
@@ -388,47 +386,13 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest, request: Request):
         m = pick(body.model, "/v1/attention")
-        image = None
-        if m.model.source == "image":
-            if body.image is None:
-                raise ApiError(422, f"image: required for the captioner {m.name} (the image file as base64)")
-            if body.source is not None:
-                raise ApiError(422, f"source: {m.name} is a captioner: send image (the file as base64), not source")
-            try:
-                image = base64.b64decode(body.image, validate=True)
-            except (binascii.Error, ValueError):
-                raise ApiError(422, "image: not valid base64") from None
-            if len(image) > settings.max_image_bytes:
-                raise ApiError(413, f"image: {len(image)} bytes, more than this server's limit of "
-                                    f"{settings.max_image_bytes}")
-            check_image(image, settings)
-        else:
-            if body.image is not None:
-                raise ApiError(422, f"image: {m.name} is a {m.model.family} model: send source, not an image")
-            if body.source is None:
-                raise ApiError(422, "source: required")
-            if m.model.source == "none":
-                compute.check_prompt(m, body.source if body.target is None else body.target, settings, "source")
-            else:
-                compute.source_tokens(m, [body.source], settings, field="source")
-        return await run(job("attention", m, {"request": body, "image": image}), request)
+        value = m.model.kind.read_request(m.model, body, settings, m.name)
+        return await run(job("attention", m, {"request": body, "input": value}), request)
 
     @app.post("/v1/score")
     async def score(body: ScoreRequest, request: Request):
         m = pick(body.model, "/v1/score")
-        if m.model.source == "none":
-            if body.sources is not None:
-                raise ApiError(422, f"sources: {m.name} is a language model: send targets (its texts) alone")
-            for i, t in enumerate(body.targets):
-                compute.check_prompt(m, t, settings, f"targets[{i}]")
-        elif m.model.source == "image":
-            raise ApiError(422, f"sources: {m.name} is a captioner, whose sources are images: not scored over JSON")
-        else:
-            if body.sources is None:
-                raise ApiError(422, "sources: required (one per target)")
-            if len(body.sources) != len(body.targets):
-                raise ApiError(422, f"targets: {len(body.targets)} targets for {len(body.sources)} sources")
-            compute.source_tokens(m, body.sources, settings, field="sources")
+        m.model.kind.check_score(m.model, body.sources, body.targets, settings, m.name)
         if len(body.targets) > settings.max_sentences:
             raise ApiError(413, f"targets: {len(body.targets)} texts, more than this server's limit of "
                                 f"{settings.max_sentences}")
@@ -514,25 +478,6 @@ async def _disconnected(request: Request) -> None:
     """Returns when the client of ``request`` (whose body has been read) disconnects."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def check_image(data: bytes, settings: Settings, field: str = "image") -> None:
-    """413 for an image whose header declares more pixels than the server decodes (a few hundred bytes of PNG can
-    declare a gigapixel); 422 for bytes that are no image. Only the header is read here."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-    except Image.DecompressionBombError:  # PIL's own bound, above ours: over 2 x Image.MAX_IMAGE_PIXELS
-        raise ApiError(413, f"{field}: more pixels than this server's limit of {settings.max_image_pixels}") from None
-    except UnidentifiedImageError:
-        raise ApiError(422, f"{field}: not an image file (expected PNG, JPEG or another format Pillow reads)") from None
-    except (OSError, ValueError) as e:
-        raise ApiError(422, f"{field}: cannot read image ({e})") from None
-    if width * height > settings.max_image_pixels:
-        raise ApiError(413, f"{field}: {width} x {height} pixels, more than this server's limit of "
-                            f"{settings.max_image_pixels}")
 
 
 def _sse(name: str, data) -> str:

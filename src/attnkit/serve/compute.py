@@ -1,12 +1,12 @@
 """What the worker thread computes for each endpoint, through :class:`attnkit.api.Model`, and the answers' JSON.
 
 Checks that need the model but no decoding (sentence and prompt lengths, option ranges) run in the request's
-handler (:func:`translate_options`, :func:`source_tokens`, :func:`check_prompt`), so a bad request is answered
+handler (:func:`translate_options`, and the model's input kind: :mod:`attnkit.kinds`), so a bad request is answered
 without waiting for the worker.
 
 Translation batches run :meth:`attnkit.api.Model.translate` (:func:`attnkit.decode.translate`: the decoding
-of ``attnkit translate``). A batch with a streaming request runs :func:`translate_streaming`, the same loop with
-an ``on_step`` callback (:class:`attnkit.decode.search.SearchStep`) that sends each step's best hypotheses.
+of ``attnkit translate``); a batch with a streaming request passes it an ``on_step`` callback
+(:class:`attnkit.decode.search.SearchStep`) that sends each step's best hypotheses.
 
 Classification batches run :func:`attnkit.decode.classify` on the model's module and tokenizer (what ``attnkit
 classify`` runs), the sentences of every request of the batch together; an explanation runs
@@ -15,14 +15,11 @@ classify`` runs), the sentences of every request of the batch together; an expla
 
 from __future__ import annotations
 
-import os
-import tempfile
-from contextlib import contextmanager
-
 import torch
 
 from attnkit import registry
 from attnkit.errors import AttnkitError
+from attnkit.kinds.text import learned_positions
 from attnkit.serve.errors import ApiError
 from attnkit.serve.worker import Abandoned, Job
 from attnkit.tokens import BOS, EOS
@@ -43,54 +40,6 @@ def translate_options(m, body, settings) -> tuple:
                             f"{settings.max_sentences} per request")
     penalty = d.len_penalty if body.len_penalty is None else body.len_penalty
     return beam, float(penalty), body.n_best, body.attention
-
-
-def learned_positions(model) -> int | None:
-    cfg = model.module.cfg if hasattr(model.module, "cfg") else None
-    if cfg is not None and getattr(cfg, "positional", None) == "learned":
-        return cfg.max_positions
-    return None
-
-
-def source_token_limit(m, settings) -> int:
-    """Tokens a source sentence may have (EOS not counted): the server's limit, the model's learned positions
-    (one is EOS's) and the checkpoint's ``decode.max_source_tokens``, whichever is least."""
-    limit = min(settings.max_source_tokens, m.model.config.decode.max_source_tokens)
-    positions = learned_positions(m.model)
-    return limit if positions is None else min(limit, positions - 1)
-
-
-def prompt_token_limit(m, settings) -> int:
-    """Tokens a language model's text may have: its learned positions less BOS and one new token, else four times
-    the server's source limit; never more than the checkpoint's ``decode.max_source_tokens``."""
-    positions = learned_positions(m.model)
-    limit = settings.max_source_tokens * 4 if positions is None else positions - 2
-    return min(limit, m.model.config.decode.max_source_tokens)
-
-
-def source_tokens(m, sentences: list[str], settings, field: str = "sentences") -> list[int]:
-    """Each sentence's source tokens (EOS included); 413 past the server's (or the model's) limit."""
-    if len(sentences) > settings.max_sentences:
-        raise ApiError(413, f"{field}: {len(sentences)} sentences, more than this server's limit of "
-                            f"{settings.max_sentences} per request")
-    limit = source_token_limit(m, settings)
-    counts = [len(ids) + 1 for ids in m.model.tokenizers.src.encode(list(sentences))]
-    for i, n in enumerate(counts):
-        if n - 1 > limit:
-            where = field if field == "source" else f"{field}[{i}]"
-            raise ApiError(413, f"{where}: {n - 1} tokens, more than this server's limit of {limit}")
-    return counts
-
-
-def check_prompt(m, text: str, settings, field: str = "prompt") -> int:
-    """A language model's text: its tokens must fit the model's positions (with BOS and one more)."""
-    n = len(m.model.tokenizers.encode([text])[0])
-    limit = prompt_token_limit(m, settings)
-    if n > limit:
-        raise ApiError(413, f"{field}: {n} tokens, more than {limit} (the model's positions, with BOS and one "
-                            "new token)" if learned_positions(m.model) else f"{field}: {n} tokens, more than this "
-                            f"server's limit of {limit}")
-    return n
 
 
 # --- classifiers
@@ -193,20 +142,16 @@ def describe(m, default: bool) -> dict:
         counts[kind] = {"layers": len(layers), "heads": layers[0].n_heads if layers else 0}
     if registry.family(model.family).alignment:
         counts["cross"] = {"layers": 1, "heads": 1}
-    grid = None
-    if model.source == "image":
-        from attnkit.nn.vision import grid_shape
-
-        grid = list(grid_shape(model.config.data.image_grid, model.config.data.image_size)[1:])
+    kind = model.kind
     cfg = getattr(model.module, "cfg", None)
     positional = getattr(cfg, "positional", None) if positional_encoding(model, "target") is not None else None
     decode = {"beam": d.beam_size, "len_penalty": d.len_penalty, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
-    if model.source == "image":
+    if "caption" in model.capabilities:
         decode["max_caption_len"] = d.max_caption_len
     m.info = {"name": m.name, "family": model.family, "capabilities": sorted(model.capabilities),
-              "path": str(model.path), "decode": decode, "attention": counts, "grid": grid,
+              "path": str(model.path), "decode": decode, "attention": counts, **kind.describe(model),
               "positional": positional, "max_positions": getattr(cfg, "max_positions", None),
-              "example": _example(model)}
+              "example": kind.example(model)}
     return {**m.info, "default": default}
 
 
@@ -220,25 +165,8 @@ def _describe_classifier(m) -> dict:
             "path": str(model.path), "decode": None,
             "attention": {"encoder": {"layers": len(module.body.layers), "heads": cfg.n_heads}},
             "grid": None, "positional": "learned", "max_positions": cfg.max_positions,
-            "example": CLASSIFY_EXAMPLES[pairs][0], "example_pair": CLASSIFY_EXAMPLES[pairs][1],
+            "example": model.kind.example(model), "example_pair": model.kind.example_pair(model),
             "labels": list(module.labels), "problem": module.problem, "pairs": pairs}
-
-
-# data formats whose sources are not English sentences, and what they look like
-EXAMPLES = {"dates": "July 20, 1969"}
-# a classifier's first input: (sentence, second sentence), by whether it reads pairs
-CLASSIFY_EXAMPLES = {False: ("A gripping, beautifully acted film.", None),
-                     True: ("A man is playing a guitar.", "A man plays the guitar.")}
-
-
-def _example(model) -> str | None:
-    """A first input for the explorer: a source sentence the model reads, a language model's prompt; None for a
-    captioner (its inputs are images)."""
-    if model.source == "image":
-        return None
-    if model.source == "none":
-        return "The"
-    return EXAMPLES.get(model.config.data.format, "A dog is running through the grass.")
 
 
 # --- the worker's side
@@ -274,12 +202,10 @@ def run_translate(jobs: list[Job], settings) -> list:
     _, _, beam, len_penalty, n_best, attention = jobs[0].key
     sentences = [s for j in jobs for s in j.payload.sentences]
     owners = [(j, i) for j in jobs for i in range(len(j.payload.sentences))]
-    if any(j.streaming for j in jobs):
-        results = translate_streaming(model, sentences, beam, len_penalty, n_best, settings.max_batch_tokens,
-                                      attention, _step_events(model, jobs, owners, beam))
-    else:
-        results = model.translate(sentences, beam=beam, len_penalty=len_penalty, n_best=n_best,
-                                  batch_tokens=settings.max_batch_tokens, details=True, need_weights=attention)
+    on_step = _step_events(model, jobs, owners, beam) if any(j.streaming for j in jobs) else None
+    results = model.translate(sentences, beam=beam, len_penalty=len_penalty, n_best=n_best,
+                              batch_tokens=settings.max_batch_tokens, details=True, need_weights=attention,
+                              on_step=on_step)
     answers, start = [], 0
     for j in jobs:
         n = len(j.payload.sentences)
@@ -299,33 +225,11 @@ def translate_answer(m, translations, n_best: int, attention: bool) -> dict:
         out["attention"] = []
         for t in translations:
             h = t.hypotheses[0]
-            source = toks.src.pieces(t.source) + ["</s>"]
+            source = m.model.kind.positions(m.model, t.source)
             out["attention"].append({"source": source, "target": list(toks.tgt.id_to_piece(h.tokens)) + ["</s>"],
                                      "weights": [] if h.attention is None else
                                      _rounded(h.attention[:, :len(source)])})
     return out
-
-
-@torch.no_grad()
-def translate_streaming(model, sentences: list[str], beam: int, len_penalty: float, n_best: int, batch_tokens: int,
-                        need_weights: bool, on_step):
-    """:func:`attnkit.decode.translate`'s loop (the same batches, the same search, so the same translations) with
-    ``on_step(step, batch)``: each step of each batch, ``batch`` the sentences' indices in ``sentences``."""
-    from attnkit.data import pad, token_batches
-    from attnkit.decode import Translation, max_lengths
-    from attnkit.decode.search import generate
-
-    d, toks, decoder = model.config.decode, model.tokenizers, model.decoder
-    decoder.eval()
-    ids = [s + [EOS] for s in toks.src.encode(sentences)]
-    results = [None] * len(sentences)
-    for batch in token_batches([len(s) - 1 for s in ids], [0] * len(ids), batch_tokens):
-        lens = max_lengths(torch.tensor([len(ids[i]) - 1 for i in batch]), d.max_len_a, d.max_len_b)
-        nbest = generate(decoder, pad([ids[i] for i in batch]), lens, beam, len_penalty, n_best, need_weights,
-                         on_step=lambda step, batch=batch: on_step(step, batch))
-        for i, hyps in zip(batch, nbest):
-            results[i] = Translation(sentences[i], hyps, [toks.tgt.decode(h.tokens) for h in hyps])
-    return results
 
 
 def _step_events(model, jobs: list[Job], owners: list[tuple[Job, int]], beam: int):
@@ -535,64 +439,37 @@ def _steps_top(model, tok, ids: list[int], new: list[int], body, window) -> list
 # --- captioners, attention, scores, positions
 
 
-@contextmanager
-def _image_file(data: bytes):
-    """Uploaded image bytes as a file (the API reads images from paths), removed afterwards."""
-    fd, path = tempfile.mkstemp(prefix="attnkit-serve-", suffix=".img")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        try:
-            yield path
-        except AttnkitError as e:
-            message = str(e)
-            if message.startswith(path):
-                raise ApiError(422, "image" + message[len(path):]) from None
-            raise
-    finally:
-        os.unlink(path)
-
-
-def image_grid(model) -> list[int]:
-    from attnkit.nn.vision import grid_shape
-
-    return list(grid_shape(model.config.data.image_grid, model.config.data.image_size)[1:])
-
-
 def run_caption(job: Job, settings) -> dict:
     m, p = job.served, job.payload
-    with _image_file(p["image"]) as path:
+    with m.model.kind.opened(p["image"]) as path:
         c = m.model.caption(path, beam=p["beam"], details=True)
     h = c.hypotheses[0]
     out = {"model": m.name, "caption": c.text[0], "words": list(m.model.tokenizers.id_to_piece(h.tokens)) + ["<end>"],
-           "score": _score(h.score), "grid": image_grid(m.model)}
+           "score": _score(h.score), **m.model.kind.describe(m.model)}
     if p["attention"]:
         out["attention"] = [] if h.attention is None else _rounded(h.attention)
     return out
 
 
 def run_attention(job: Job, settings) -> dict:
-    m, body, image = job.served, job.payload["request"], job.payload["image"]
+    m, body = job.served, job.payload["request"]
     model = m.model
     heads = [list(h) for h in body.mask_heads]
-    if image is not None:
-        with _image_file(image) as path:
-            att = model.attention(path, body.target, mask_heads=heads, mask_source=body.mask_source)
-    else:
-        att = model.attention(body.source, body.target, mask_heads=heads, mask_source=body.mask_source)
+    with model.kind.opened(job.payload["input"]) as value:
+        att = model.attention(value, body.target, mask_heads=heads, mask_source=body.mask_source)
 
     def maps(ws):
         return [_rounded(w, body.precision) for w in ws]
 
     return {"model": m.name, "family": model.family, "source": att.source, "target": att.target, "output": att.text,
             "score": _score(att.score), "encoder": maps(att.encoder), "decoder": maps(att.decoder),
-            "cross": maps(att.cross), "grid": image_grid(model) if model.source == "image" else None,
+            "cross": maps(att.cross), **model.kind.describe(model),
             "masked": {"heads": heads, "source": sorted(set(body.mask_source))}}
 
 
 def run_score(job: Job, settings) -> dict:
     m, body = job.served, job.payload
-    if m.model.source == "none":
+    if not m.model.kind.has_source:
         scores = m.model.score(body.targets)
     else:
         scores = m.model.score(body.sources, body.targets)
@@ -601,7 +478,7 @@ def run_score(job: Job, settings) -> dict:
 
 def positional_encoding(model, side: str):
     module = model.module
-    names = ("embed",) if model.source == "none" else (("src_embed",) if side == "source" else
+    names = ("embed",) if not model.kind.has_source else (("src_embed",) if side == "source" else
                                                                   ("tgt_embed",))
     for name in names:
         embed = getattr(module, name, None)

@@ -16,19 +16,15 @@ limits are. This document is written from the served models and :class:`~attnkit
 
 from __future__ import annotations
 
-from attnkit.serve.compute import (
-    classify_token_limit,
-    default_for,
-    image_grid,
-    learned_positions,
-    positional_encoding,
-    reads_pairs,
-    serves,
-)
+from attnkit.kinds.schema import BOOLEAN, INTEGER, NUMBER, STRING
+from attnkit.kinds.schema import array as _array
+from attnkit.kinds.schema import nullable as _nullable
+from attnkit.kinds.schema import text as _text
+from attnkit.kinds.text import learned_positions
+from attnkit.serve.compute import classify_token_limit, default_for, positional_encoding, reads_pairs, serves
 from attnkit.serve.settings import Settings
 
 ERROR = {"$ref": "#/components/schemas/Error"}
-NUMBER, INTEGER, STRING, BOOLEAN = {"type": "number"}, {"type": "integer"}, {"type": "string"}, {"type": "boolean"}
 
 STATUS_TEXT = {
     400: "malformed body: not JSON, not an object, not UTF-8, an unreadable form or Content-Length",
@@ -45,26 +41,10 @@ GET_ERRORS = (400, 408, 413, 500)  # the guard in front of every path reads head
 POST_ERRORS = (400, 404, 408, 413, 422, 429, 500, 504)
 
 
-def _array(items, **bounds) -> dict:
-    return {"type": "array", "items": items, **bounds}
-
-
 def _obj(properties: dict, required=(), closed: bool = True, **more) -> dict:
     out = {"type": "object", "properties": properties, "required": list(required), **more}
     if closed:
         out["additionalProperties"] = False
-    return out
-
-
-def _nullable(schema: dict) -> dict:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def _text(description: str, tokens: int | None) -> dict:
-    out = {"type": "string", "description": description}
-    if tokens is not None:
-        out["description"] += f" (at most {tokens} tokens of the model's tokenizer; more: 413)"
-        out["x-max-tokens"] = tokens
     return out
 
 
@@ -92,8 +72,9 @@ def _mask_heads(model) -> dict:
 def _mask_source(model) -> dict:
     if not model.can_mask_source:
         return _array(INTEGER, maxItems=0, description=f"a {model.family} model cannot hide source tokens")
-    if model.source == "image":
-        h, w = image_grid(model)
+    grid = model.kind.describe(model).get("grid")
+    if grid:
+        h, w = grid
         return _array({"type": "integer", "minimum": 0, "maximum": h * w - 1},
                       description=f"grid cells to hide (row-major, {h} x {w})")
     return _array({"type": "integer", "minimum": 0}, description="source positions to hide, EOS included",
@@ -122,11 +103,9 @@ def _one_of(branches: list[dict]) -> dict:
 
 
 def _translate(m, default: str, s: Settings) -> dict:
-    from attnkit.serve.compute import source_token_limit
-
     beam = m.model.config.decode.beam_size
     return _branch(m, default, {
-        "sentences": _array(_text("a source sentence", source_token_limit(m, s)), minItems=1,
+        "sentences": _array(_text("a source sentence", m.model.kind.token_limit(m.model, s)), minItems=1,
                             maxItems=s.max_sentences),
         "beam": _nullable({"type": "integer", "minimum": 1, "maximum": s.max_beam,
                            "description": f"1 is greedy (default: the checkpoint's, {beam})"}),
@@ -138,10 +117,8 @@ def _translate(m, default: str, s: Settings) -> dict:
 
 
 def _generate(m, default: str, s: Settings) -> dict:
-    from attnkit.serve.compute import prompt_token_limit
-
     return _branch(m, default, {
-        "prompt": {**_text("the text to continue", prompt_token_limit(m, s)), "default": ""},
+        "prompt": {**_text("the text to continue", m.model.kind.token_limit(m.model, s)), "default": ""},
         "max_tokens": {"type": "integer", "minimum": 0, "maximum": s.max_new_tokens, "default": 100},
         "temperature": {"type": "number", "minimum": 0, "maximum": 100, "default": 1.0, "description": "0: greedy"},
         "top_k": {"type": "integer", "minimum": 0, "default": 0, "description": "0: all tokens"},
@@ -153,42 +130,16 @@ def _generate(m, default: str, s: Settings) -> dict:
 
 
 def _attention(m, default: str, s: Settings) -> dict:
-    from attnkit.serve.compute import prompt_token_limit, source_token_limit
-
     model = m.model
-    common = {"mask_heads": _mask_heads(model), "mask_source": _mask_source(model),
-              "precision": {"type": "integer", "minimum": 1, "maximum": 8, "default": 4}}
-    if model.source == "image":
-        image = {"type": "string", "format": "byte",
-                 "description": f"the image file (PNG, JPEG, ...), base64; at most {s.max_image_bytes} bytes and "
-                                f"{s.max_image_pixels} pixels (more: 413)"}
-        return _branch(m, default, {"image": image, "source": {"type": "null"},
-                                    "target": _nullable(_text("a caption (null: the model's own)", None)), **common},
-                       ["image"])
-    if model.source == "none":
-        text = _text("the text", prompt_token_limit(m, s))
-        return _branch(m, default, {"source": text, "image": {"type": "null"},
-                                    "target": _nullable({**text, "description": "read instead of source"}),
-                                    **common}, ["source"])
-    limit = source_token_limit(m, s)
-    return _branch(m, default, {"source": _text("the source sentence", limit), "image": {"type": "null"},
-                                "target": _nullable(_text("a translation (null: the model's own)", None)),
-                                **common}, ["source"])
+    properties, required = model.kind.attention_schema(model, s)
+    return _branch(m, default, {**properties, "mask_heads": _mask_heads(model), "mask_source": _mask_source(model),
+                                "precision": {"type": "integer", "minimum": 1, "maximum": 8, "default": 4}},
+                   required)
 
 
 def _score(m, default: str, s: Settings) -> dict:
-    from attnkit.serve.compute import prompt_token_limit, source_token_limit
-
-    if m.model.source == "none":
-        return _branch(m, default, {
-            "sources": {"type": "null"},
-            "targets": _array(_text("a text", prompt_token_limit(m, s)), minItems=1, maxItems=s.max_sentences)},
-            ["targets"])
-    return _branch(m, default, {
-        "sources": _array(_text("a source sentence", source_token_limit(m, s)), minItems=1,
-                          maxItems=s.max_sentences),
-        "targets": _array(STRING, minItems=1, maxItems=s.max_sentences)},
-        ["sources", "targets"], **{"x-rules": ["as many sources as targets (else 422)"]})
+    properties, required, more = m.model.kind.score_schema(m.model, s)
+    return _branch(m, default, properties, required, **more)
 
 
 def _positional(m, default: str, s: Settings) -> dict:

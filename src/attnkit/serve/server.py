@@ -53,7 +53,7 @@ def _classifier(path: str) -> bool:
     from attnkit import registry
     from attnkit.checkpoint import read_config, resolve_checkpoint
 
-    return registry.family(read_config(resolve_checkpoint(path)).model.family).source == "sentences"
+    return registry.family(read_config(resolve_checkpoint(path)).model.family).decodes is False
 
 
 def warm_up(model) -> list[int]:
