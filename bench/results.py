@@ -1,13 +1,15 @@
 """Every number in docs/results.md, docs/performance.md and the README's results table, from bench/results/*.json.
 
-    python bench/results.py           # rewrite the generated blocks (make results)
+    python bench/results.py           # rewrite the generated blocks and docs/results_sources.json (make results)
     python bench/results.py --check   # change nothing; print the difference and exit 1 where the docs disagree
 
 A generated block sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``; the text around the
 blocks is written by hand, explains method and holds no measured numbers. Hand-copied numbers go stale the
 moment a recipe is rerun; these blocks are rewritten from the JSONs the recipes write, and tests/test_docs.py
-runs ``--check``. A field a JSON does not hold is written "not recorded", never guessed. Only the standard
-library: the check runs in the docs tests without torch.
+runs ``--check``. A field a JSON does not hold is written "not recorded", never guessed. docs/results_sources.json
+names, for every value a block shows, the JSON file and key path it was read from (or the computation over such
+keys), and tests/test_docs.py reads each one again. A JSON written from a working tree with uncommitted changes is
+marked where docs/ names it. Only the standard library: the check runs in the docs tests without torch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,22 @@ RESULTS = ROOT / "bench" / "results"
 NOT_RECORDED = "not recorded"
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.DOTALL)
 OPENING = re.compile(r"<!-- results:([\w-]+) -->")
+
+# where each generated value comes from (:func:`_written`), for tests/test_docs.py to read every one of them again
+SOURCES = Path("docs") / "results_sources.json"
+SOURCES_ABOUT = ("Written by bench/results.py (make results); do not edit. For each page and generated block, one "
+                 "entry per value it shows from bench/results/*.json: [offset in the block, the text shown, the "
+                 "format spec, its source]. A source is {file, key, of, ops}: the JSON bench/results/FILE.json, the "
+                 "key path in it (no key: the file's name; of = key: the path's last key, not its value), and what "
+                 "was done to a string before it was shown; or {op, args}: a value computed from sources and "
+                 "constants. tests/test_docs.py reads each again.")
+# the pages whose tables mark a JSON written from a working tree with uncommitted changes; the README's table keeps
+# to its size, and docs/results.md's table of sources marks every such JSON
+DIRTY_NOTED = ("docs/results.md", "docs/performance.md")
+DIRTY_MARK = "\\*"
+DIRTY_NOTE = ("\\* Written from a working tree with uncommitted changes (the JSON's `dirty`): what ran may differ "
+              "from the commit it names.")
+_dirty: set[str] = set()  # the JSONs so marked, while a page that notes them is written
 
 # what each recipe's JSON is called in the tables and which make target writes it
 TRANSLATION = [
@@ -43,11 +61,197 @@ LAYERS = {"rnn": "GRU", "conv": "convolution, centred", "conv_causal": "convolut
           "conv_dilated": "convolution, dilated", "self_attention": "self-attention"}
 
 
+# --- where each number comes from
+#
+# Every leaf a results JSON holds is read as a number or string that remembers its file and key path, and a number
+# computed from such leaves (a ratio, a percentage) remembers the computation. While a block is written (``_marking``)
+# formatting one of them leaves a marker in the text; ``_unmark`` puts the formatted value in its place and notes
+# where it sits, what it was formatted from and how. docs/results_sources.json keeps those notes, and
+# tests/test_docs.py reads every one of them again from the JSON it names: a number edited by hand in a doc, or
+# written from another key than it claims, fails there.
+
+_MARK = re.compile("\ue000(\\d+)\ue001")
+_marks: list[tuple[str, str, dict]] | None = None  # (shown, format spec, source) while a block is being written
+
+
+def _mark(shown: str, spec: str, source: dict) -> str:
+    if _marks is None:
+        return shown
+    _marks.append((shown, spec, source))
+    return f"\ue000{len(_marks) - 1}\ue001"
+
+
+def _source(value):
+    """The source of a tracked value; a plain number as itself (a constant of the computation)."""
+    return value.source if isinstance(value, (_Int, _Float)) else value
+
+
+def _computed(op: str, value, *args):
+    """``value`` (the result of ``op`` over ``args``), remembering the computation where an argument is tracked."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not any(isinstance(a, (_Int, _Float)) for a in args):
+        return value
+    source = {"op": op, "args": [_source(a) for a in args]}
+    return _Int(value, source) if isinstance(value, int) else _Float(value, source)
+
+
+class _Number:
+    """Arithmetic that remembers what it computed from, and formatting that marks where the value is shown."""
+
+    source: dict
+
+    def __format__(self, spec: str) -> str:
+        # an empty spec formats as str(), which is this class's own: the base type's repr is the same text
+        return _mark(super().__format__(spec) if spec else super().__repr__(), spec, self.source)
+
+    def __str__(self) -> str:
+        return self.__format__("")
+
+    def __add__(self, other):
+        return _computed("add", super().__add__(other), self, other)
+
+    def __radd__(self, other):
+        return _computed("add", super().__radd__(other), other, self)
+
+    def __sub__(self, other):
+        return _computed("sub", super().__sub__(other), self, other)
+
+    def __rsub__(self, other):
+        return _computed("sub", super().__rsub__(other), other, self)
+
+    def __mul__(self, other):
+        return _computed("mul", super().__mul__(other), self, other)
+
+    def __rmul__(self, other):
+        return _computed("mul", super().__rmul__(other), other, self)
+
+    def __truediv__(self, other):
+        return _computed("div", super().__truediv__(other), self, other)
+
+    def __rtruediv__(self, other):
+        return _computed("div", super().__rtruediv__(other), other, self)
+
+    def __neg__(self):
+        return _computed("neg", super().__neg__(), self)
+
+
+class _Int(_Number, int):
+    def __new__(cls, value: int, source: dict):
+        self = int.__new__(cls, value)
+        self.source = source
+        return self
+
+
+class _Float(_Number, float):
+    def __new__(cls, value: float, source: dict):
+        self = float.__new__(cls, value)
+        self.source = source
+        return self
+
+
+class _Str(str):
+    """A string from a JSON: what is done to it before it is shown (sliced, replaced, substituted) is remembered, and
+    it marks where it is shown when it holds a digit."""
+
+    def __new__(cls, value: str, source: dict):
+        self = str.__new__(cls, value)
+        self.source = source
+        return self
+
+    def _then(self, value: str, *op) -> _Str:
+        return _Str(value, {**self.source, "ops": [*self.source.get("ops", []), list(op)]})
+
+    def __format__(self, spec: str) -> str:
+        shown = str.__format__(self, spec)
+        return _mark(shown, spec, self.source) if any(c.isdigit() for c in shown) else shown
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice) or index.step is not None:
+            return str.__getitem__(self, index)
+        return self._then(str.__getitem__(self, index), "slice", index.start, index.stop)
+
+    def replace(self, old: str, new: str) -> _Str:
+        return self._then(str.replace(self, old, new), "replace", str(old), str(new))
+
+    def strip(self) -> _Str:
+        return self._then(str.strip(self), "strip")
+
+    def removeprefix(self, prefix: str) -> _Str:
+        return self._then(str.removeprefix(self, prefix), "removeprefix", str(prefix))
+
+    def removesuffix(self, suffix: str) -> _Str:
+        return self._then(str.removesuffix(self, suffix), "removesuffix", str(suffix))
+
+
+def _sub(pattern: str, repl: str, value):
+    """``re.sub(pattern, repl, value)``, remembered on a string from a JSON."""
+    done = re.sub(pattern, repl, value)
+    return value._then(done, "sub", pattern, repl) if isinstance(value, _Str) else done
+
+
+def _tracked(node, name: str, path: tuple = ()):
+    """A JSON's tree with every number and string remembering ``{"file": name, "key": [path...]}``, and every key
+    its own path with ``"of": "key"`` (a key shown as a label: "greedy/batch64")."""
+    if isinstance(node, dict):
+        return {_Str(k, {"file": name, "key": [*path, k], "of": "key"}): _tracked(v, name, (*path, k))
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_tracked(v, name, (*path, i)) for i, v in enumerate(node)]
+    if isinstance(node, bool) or node is None:
+        return node
+    source = {"file": name, "key": list(path)}
+    if isinstance(node, int):
+        return _Int(node, source)
+    if isinstance(node, float):
+        return _Float(node, source)
+    return _Str(node, source)
+
+
+class _plain:
+    """No markers while inside: for text that decides (a dictionary key, a comparison), not text that is shown."""
+
+    def __enter__(self):
+        global _marks
+        self.saved, _marks = _marks, None
+
+    def __exit__(self, *exc):
+        global _marks
+        _marks = self.saved
+
+
+def _written(write, results: dict) -> tuple[str, list[list]]:
+    """A block as ``write`` makes it from ``results``, and [offset, shown, format spec, source] for each value from
+    a JSON it shows, in order."""
+    global _marks
+    saved, _marks = _marks, []
+    try:
+        marked = write(results)
+        marks = _marks
+    finally:
+        _marks = saved
+    out, sources, at = [], [], 0
+    for m in _MARK.finditer(marked):
+        out.append(marked[at:m.start()])
+        shown, spec, source = marks[int(m.group(1))]
+        sources.append([sum(map(len, out)), shown, spec, source])
+        out.append(shown)
+        at = m.end()
+    out.append(marked[at:])
+    body = "".join(out)
+    with _plain():
+        plain = write(results)
+    if body != plain or "\ue000" in body:
+        raise SystemExit(f"bench/results.py: {getattr(write, '__name__', write)}: the block's text depends on where "
+                         "its values are marked: one was used as a key, or compared as text, once formatted")
+    return body, sources
+
+
 # --- reading a JSON
 
 
 def load_all(directory: Path = RESULTS) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(directory.glob("*.json"))}
+    return {p.stem: _tracked(json.loads(p.read_text(encoding="utf-8")), p.stem)
+            for p in sorted(directory.glob("*.json"))}
 
 
 def get(record: dict | None, *path, default=None):
@@ -79,7 +283,9 @@ def text(value) -> str:
     """A string from a JSON, safe inside a Markdown table cell."""
     if value is None or value == "":
         return NOT_RECORDED
-    return str(value).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    value = value if isinstance(value, str) else str(value)
+    safe = value.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return f"{safe}"
 
 
 def counted(value: str, unit: str) -> str:
@@ -88,7 +294,18 @@ def counted(value: str, unit: str) -> str:
 
 
 def link(name: str, prefix: str) -> str:
-    return f"[{name}.json]({prefix}{name}.json)"
+    """A link to ``bench/results/NAME.json``, marked where that JSON was written from a working tree with uncommitted
+    changes (:func:`dirty`, on the pages that carry the note)."""
+    named = _Str(name, {"file": name})  # the file's own name: its digits come from where the test finds the file
+    return f"[{named}.json]({prefix}{named}.json)" + (DIRTY_MARK if name in _dirty else "")
+
+
+def dirty(record: dict) -> bool:
+    """Whether a results JSON was written from a working tree with uncommitted changes: its ``dirty`` field, or, in
+    a JSON without one, a ``git_commit`` that ends in "-dirty"."""
+    if isinstance(record.get("dirty"), bool):
+        return record["dirty"]
+    return str(record.get("git_commit") or "").endswith("-dirty")
 
 
 def _ran(r: dict, name: str, extra: str = "") -> str:
@@ -108,10 +325,10 @@ def machine(record: dict) -> str:
     cpus, cpu = get(record, "machine", "cpus"), get(record, "machine", "cpu")
     if cpu is None:
         return NOT_RECORDED
-    cpu = " ".join(re.sub(r"\((R|TM)\)", "", cpu).split())
+    cpu = _sub(r"\s+", " ", _sub(r"\((R|TM)\)", "", cpu)).strip()
     family, model = get(record, "machine", "cpu_family"), get(record, "machine", "cpu_model")
     if family is not None and model is not None:  # a bare name ("AMD EPYC") covers several generations
-        cpu += f" (family {family}, model {model})"
+        cpu = f"{cpu} (family {family}, model {model})"
     return f"{cpus}-core {cpu}" if cpus else cpu
 
 
@@ -125,7 +342,7 @@ def torch_version(record: dict) -> str:
 
 
 def date(record: dict) -> str:
-    return str(record["date"])[:10] if record.get("date") else NOT_RECORDED
+    return f"{record['date'][:10]}" if record.get("date") else NOT_RECORDED
 
 
 def config(record: dict) -> str:
@@ -236,7 +453,7 @@ def block_by_length(results: dict, name: str) -> str:
     rows = [head, "|---" * (4 + len(buckets)) + "|",
             "| sentences | | | | " + " | ".join(number(b.get("n"), 0) for b in buckets) + " |"]
     for label, s in systems.items():
-        step = Path(s.get("checkpoint") or NOT_RECORDED).name
+        step = _sub(r"^.*/", "", s.get("checkpoint") or NOT_RECORDED)  # the checkpoint's directory name
         rows.append(f"| {label} | {step} | {number(s.get('bleu'), bold=True)} | {number(s.get('chrf'))} | "
                     + " | ".join(number(b.get("bleu")) for b in s.get("by_length", [])) + " |")
     trained = [f"{label} {number(s.get('train_minutes'), 1)} minutes, {number(s.get('epochs_completed'), 0)} "
@@ -540,13 +757,17 @@ def block_readme(results: dict) -> str:
                                   "bleu_by_length_tatoeba", "flickr8k_sat", "flickr8k_transformer",
                                   "tinyshakespeare_char", "wikitext2_word",
                                   "transfer", *(n for n, *_ in FINE_TUNING)) if n in results]
-    where = sorted({f"{machine(r)}, torch {torch_version(r)}" for r in shown})
-    return "\n".join(rows) + f"\n\nRun on: {'; '.join(where) or NOT_RECORDED}.\n"
+    where = {}
+    for r in shown:  # one entry a machine and torch: told apart by their text, then shown from the first such run
+        with _plain():
+            key = f"{machine(r)}, torch {torch_version(r)}"
+        where.setdefault(key, f"{machine(r)}, torch {torch_version(r)}")
+    return "\n".join(rows) + f"\n\nRun on: {'; '.join(where[k] for k in sorted(where)) or NOT_RECORDED}.\n"
 
 
 def _local(path: str | None) -> str | None:
     """A checkpoint path as its run names it (from ``runs/``), not the machine's absolute path."""
-    return path if path is None or "/runs/" not in path else "runs/" + path.split("/runs/", 1)[1]
+    return path if path is None or "/runs/" not in path else _sub(r"^.*?/runs/", "runs/", path)
 
 
 def block_decode_precision(results: dict) -> str:
@@ -600,38 +821,17 @@ def _decode_precision(r: dict, name: str) -> str:
                      "`--shortlist`; CTranslate2's `_vmap` columns: the same map, `use_vmap`), BLEU minus BLEU "
                      "without it at the same precision: " + "; ".join(
                          f"{text(k)} {'+' if v > 0 else ''}{number(v, 2)}" for k, v in effect.items()) + ".")
-    lines += ["", "attnkit over CTranslate2 at the same precision, cell by cell (the target is at least 1.0x):", ""]
+    target = _times(get(r, "metrics", "targets", "over_ctranslate2"), 1)
+    lines += ["", f"attnkit over CTranslate2 at the same precision, cell by cell (the target is at least {target}):",
+              ""]
     ratios = r.get("ratios", {})
     pairs = [("fp32", "float32"), ("int8", "int8"), ("fp32_shortlist", "float32_vmap"), ("int8_shortlist", "int8_vmap")]
     lines += ["| attnkit / CTranslate2 | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for ours, theirs in pairs:
         key = f"attnkit_{ours}_over_ctranslate2_{theirs}"
-        if any(f"{key}/{label}" in ratios for label in labels):
+        if any(key + "/" + label in ratios for label in labels):  # joined, not formatted: a key, not text shown
             lines.append(f"| {ours} / {theirs} | " + " | ".join(
-                f"{number(ratios.get(f'{key}/{label}'), 2)}x" for label in labels) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def block_decode_profile(results: dict) -> str:
-    """Where a compiled decoding step's time goes, per precision and cell: microseconds per output token by group
-    of profiled events (and each group's share of the profiled time), with the wall time profiled and not."""
-    r = results.get("decode_profile")
-    if r is None:
-        return absent("decode_profile")
-    m = r.get("metrics", {})
-    cells, groups = m.get("cells", {}), m.get("groups", [])
-    lines = [_ran(r, "decode_profile", f"CPU flags: {', '.join(m.get('cpu_flags', [])) or NOT_RECORDED}; checkpoint "
-                  f"`{text(_local(r.get('checkpoint')))}`; batch-1 cells over the first "
-                  f"{number(r.get('batch1_sentences'), 0)} sentences, batch 64 over "
-                  f"{number(r.get('batch64_sentences'), 0)}") + ".", "",
-             "| us per output token | " + " | ".join(text(g) for g in groups)
-             + " | all (profiled) | all (not profiled) |", "|---|" + "---|" * (len(groups) + 2)]
-    for label, c in cells.items():
-        walls = [number(1e6 * c[key] / c["tokens"], 1) if c.get(key) and c.get("tokens") else NOT_RECORDED
-                 for key in ("wall_s", "unprofiled_wall_s")]
-        lines.append(f"| {text(label)} | " + " | ".join(
-            f"{number(get(c, 'us_per_token', g), 1)} ({number(100 * (get(c, 'share', g) or 0), 0)}%)"
-            for g in groups) + " | " + " | ".join(walls) + " |")
+                f"{number(ratios.get(key + '/' + label), 2)}x" for label in labels) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -758,7 +958,7 @@ def block_serving(results: dict) -> str:
         r = results[name]
         m, s = r.get("metrics", {}), r.get("setup", {})
         rss, met = m.get("server_rss_mib", {}), m.get("met", {})
-        server = re.sub(r"/\S*/(runs/)", r"\1", s.get("server") or "")  # this machine's absolute paths, relative
+        server = _sub(r"/\S*/(runs/)", r"\1", s.get("server") or "")  # this machine's absolute paths, relative
         lines.append(
             _ran(r, name, f"server `{text(server)}`") + ": "
             f"{number(s.get('clients'), 0)} clients for {number(s.get('duration_s'), 0)} s, "
@@ -783,19 +983,6 @@ def _times(value, digits: int = 2) -> str:
 
 def _percent(fraction, digits: int = 1) -> str:
     return NOT_RECORDED if fraction is None else f"{number(100 * fraction, digits)}%"
-
-
-def block_matmul_peaks(results: dict) -> str:
-    """The one-thread fp32 matmul peak each bench that measures one recorded."""
-    found = [(name, results[name], value) for name, path in
-             (("train_throughput", ("metrics", "matmul_peak_gflop_per_s")),
-              ("attention_op", ("metrics", "ceiling", "matmul_peak_gflop_per_s")))
-             if name in results and (value := get(results[name], *path)) is not None]
-    if not found:
-        return f"The one-thread fp32 matmul peak: {NOT_RECORDED} (no bench JSON holds one).\n"
-    return ("The one-thread fp32 matmul peak, as the benches measured it: " + "; ".join(
-        f"{number(value, 1)} GFLOP/s on the {machine(r)} ({date(r)}, {link(name, '../bench/results/')})"
-        for name, r, value in found) + ".\n")
 
 
 def block_side_by_side(results: dict) -> str:
@@ -873,88 +1060,29 @@ def block_side_by_side(results: dict) -> str:
         measured = "; ".join(f"{text(pair.replace('_over_', ' / ').replace('_', ' '))} {_times(value)}"
                              for pair, value in lowest.items())
         rows.append(f"| translation, {machine(d)} ({date(d)}): attnkit / CTranslate2 at each precision, the lowest of "
-                    f"the four cells (batch 1 and 64, greedy and beam 5) | {measured} | 1x |")
+                    f"the four cells (batch 1 and 64, greedy and beam 5) | {measured} | "
+                    f"{_times(get(d, 'metrics', 'targets', 'over_ctranslate2'), 0)} |")
         sources.append(_ran(d, name))
     return "\n".join(rows) + ("\n\nRun: " + "; ".join(sources) + ".\n" if sources else "\n")
 
 
-def block_relayout(results: dict) -> str:
-    """The fast runtime's layout against the one before it: the same work, now / before."""
-    r = results.get("relayout_speed")
-    if r is None:
-        return absent("relayout_speed")
-    m = r.get("metrics", {})
-    before = r.get("before")
-    command = (r.get("command") or NOT_RECORDED).replace(before, "REV") if before else r.get("command")
-    shown = dict(r, command=command)  # the revision stays in the JSON; the docs name no commits
-    extra = (f"{number(r.get('rounds'), 0)} rounds of {number(r.get('train_steps_per_round'), 0)} training steps, "
-             f"{number(r.get('sentences_batch64'), 0)} sentences at batch 64 and "
-             f"{number(r.get('sentences_batch1'), 0)} at batch 1; REV is the revision before, recorded in the JSON")
-    lines = [_ran(shown, "relayout_speed", extra) + ":", "",
-             "| work | tokens/s now | tokens/s before | now / before | identical outputs |", "|---|---|---|---|---|"]
-    train = m.get("training_tokens_per_s", {})
-    lines.append(f"| training | {number(train.get('after'), 1)} | {number(train.get('before'), 1)} | "
-                 f"{_times(train.get('after_over_before'))} | |")
-    for key, v in m.get("translation", {}).items():
-        how, search, batch = (key.split("_") + ["", "", ""])[:3]
-        label = f"{how} {search.replace('beam5', 'beam 5')}, {batch.replace('batch', 'batch ')}"
-        lines.append(f"| {label} | {number(v.get('after_tokens_per_s'), 1)} | {number(v.get('before_tokens_per_s'), 1)}"
-                     f" | {_times(v.get('after_over_before'))} | {text(v.get('identical_outputs'))} |")
-    return "\n".join(lines) + "\n"
-
-
-def block_train_limits(results: dict) -> str:
-    """How far the training bench's model is from the matmul peak, and how much of that its own shapes allow."""
-    r = results.get("train_throughput")
-    if r is None:
-        return absent("train_throughput")
-    m = r.get("metrics", {})
-    ours, shapes = get(r, "systems", "attnkit", "fraction_of_matmul_peak"), m.get("model_shape_matmul_fraction_of_peak")
-    allowed = _percent(ours / shapes) if ours is not None and shapes else NOT_RECORDED
-    return (f"In the run above ({date(r)}, {machine(r)}, {link('train_throughput', '../bench/results/')}) the model's "
-            f"matrix products alone, timed at their own shapes with nothing else, reach "
-            f"{number(m.get('model_shape_matmul_gflop_per_s'), 1)} GFLOP/s, {_percent(shapes)} of the "
-            f"{number(m.get('matmul_peak_gflop_per_s'), 1)} GFLOP/s square-matmul peak; attnkit's {_percent(ours)} of "
-            f"the peak is {allowed} of what its own shapes allow.\n")
-
-
-def block_train_end_to_end(results: dict) -> str:
-    """The Multi30k recipe's recorded training run: throughput, steps and epochs over the whole run, and its BLEU."""
-    r = results.get("multi30k_en_de")
-    if r is None:
-        return absent("multi30k_en_de")
-    ranks = sorted({launch.get("world_size") for launch in r.get("launches") or [] if launch.get("world_size")})
-    fast = get(r, "config", "train", "fast", default=[])
-    # the precision each launch trained at ("auto" resolved), where recorded; else the config's
-    precisions = sorted({launch["precision"] for launch in r.get("launches") or [] if launch.get("precision")})
-    precision = " and ".join(precisions) or text(get(r, "config", "train", "precision"))
-    extra = (f"{' or '.join(number(n, 0) for n in ranks) or NOT_RECORDED} ranks; training precision "
-             f"{precision}, the fast training pieces "
-             + (", ".join(f"`{f}`" for f in fast) if fast else "none"))
-    return (f"{_ran(r, 'multi30k_en_de', extra)}: {number(r.get('tokens_per_s'), 0)} target tokens/s averaged over "
-            f"{number(r.get('steps'), 0)} steps ({number(r.get('epochs_completed'), 0)} epochs) in {minutes(r)} "
-            f"training minutes; test BLEU {number(get(r, 'metrics', 'bleu'))} (sacreBLEU), "
-            f"{number(get(r, 'metrics', 'paper_bleu'))} (the paper's).\n")
-
-
-# the recipe trained in fp32 and in bf16, one core each, by machine: (the fp32 run's results, the bf16 run's)
-RECIPE_PRECISIONS = {"AMD EPYC Zen 4": ("multi30k_en_de_1core_fp32_epyc", "multi30k_en_de_1core_bf16_epyc"),
-                     "AMD EPYC Zen 5": ("multi30k_en_de_1core_fp32_zen5", "multi30k_en_de_1core_bf16_zen5")}
+# the recipe trained in fp32 and in bf16, one core each, one pair a machine: (the fp32 run's results, the bf16 run's)
+RECIPE_PRECISIONS = [("multi30k_en_de_1core_fp32_epyc", "multi30k_en_de_1core_bf16_epyc"),
+                     ("multi30k_en_de_1core_fp32_zen5", "multi30k_en_de_1core_bf16_zen5")]
 
 
 def block_train_precision_recipe(results: dict) -> str:
     """The Multi30k recipe trained in fp32 and in bf16, one core each, for its 60 training minutes, on each machine
     that has both runs: throughput, epochs, validation after the same steps, test BLEU."""
-    machines = {m: dict(zip(("fp32", "bf16"), names)) for m, names in RECIPE_PRECISIONS.items()
-                if all(n in results for n in names)}
-    if not machines:
-        return absent(" and ".join(n for names in RECIPE_PRECISIONS.values() for n in names))
+    pairs = [dict(zip(("fp32", "bf16"), names)) for names in RECIPE_PRECISIONS if all(n in results for n in names)]
+    if not pairs:
+        return absent(" and ".join(n for names in RECIPE_PRECISIONS for n in names))
     lines: list[str] = []
-    for machine, names in machines.items():
+    for names in pairs:
         runs = {p: results[name] for p, name in names.items()}
         shared = set.intersection(*({v["step"] for v in r.get("validation", [])} for r in runs.values()))
         step = max(shared, default=None)
-        lines += [f"**{machine}.**", ""] + [f"- {p}: {_ran(r, names[p])}" for p, r in runs.items()]
+        lines += [f"**{machine(runs['fp32'])}.**", ""] + [f"- {p}: {_ran(r, names[p])}" for p, r in runs.items()]
         lines += ["", "| training precision | target tokens/s | steps | epochs | training minutes | valid loss at "
                       f"step {number(step, 0)} | valid BLEU there | test BLEU (sacreBLEU) | test BLEU (the paper's) |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -966,38 +1094,6 @@ def block_train_precision_recipe(results: dict) -> str:
         fp32, bf16 = runs["fp32"], runs["bf16"]
         speed = bf16["tokens_per_s"] / fp32["tokens_per_s"] if fp32.get("tokens_per_s") else None
         lines += ["", f"bf16 / fp32 target tokens/s: {_times(speed)}.", ""]
-    return "\n".join(lines).rstrip("\n") + "\n"
-
-
-# the recipe's bf16 command run again on the same machine, later in the code's life: (the first run, later ones)
-RECIPE_RERUNS = {"AMD EPYC Zen 5, bf16": ("multi30k_en_de_1core_bf16_zen5", "multi30k_en_de_1core_bf16_zen5_rerun",
-                                          "multi30k_en_de_1core_bf16_zen5_rerun2")}
-
-
-def block_train_recipe_reruns(results: dict) -> str:
-    """The same recipe command on the same machine, run at several points of the code: what faster training steps
-    buy in its 60 training minutes (epochs, steps, BLEU)."""
-    found = {label: [n for n in names if n in results] for label, names in RECIPE_RERUNS.items()}
-    found = {label: names for label, names in found.items() if len(names) >= 2}
-    if not found:
-        return absent(" and ".join(n for names in RECIPE_RERUNS.values() for n in names))
-    lines: list[str] = []
-    for label, names in found.items():
-        runs = [results[n] for n in names]
-        lines += [f"**{label}.**", ""] + [f"- {_ran(r, n)}" for r, n in zip(runs, names)]
-        lines += ["", "| run | training started (UTC) | target tokens/s | steps | epochs | training minutes | "
-                      "test BLEU (sacreBLEU) | test BLEU (the paper's) |", "|---|---|---|---|---|---|---|---|"]
-        for r, n in zip(runs, names):
-            started = [launch.get("time") for launch in r.get("launches") or [] if launch.get("time")]
-            when = started[0][:16].replace("T", " ") if started else NOT_RECORDED
-            lines.append(f"| {link(n, '../bench/results/')} | {text(when)} "
-                         f"| {number(r.get('tokens_per_s'), 0)} "
-                         f"| {number(r.get('steps'), 0)} | {epochs(r)} | {minutes(r)} | "
-                         f"{number(get(r, 'metrics', 'bleu'))} | {number(get(r, 'metrics', 'paper_bleu'))} |")
-        first = runs[0]
-        speeds = [later["tokens_per_s"] / first["tokens_per_s"] if first.get("tokens_per_s") else None
-                  for later in runs[1:]]
-        lines += ["", f"Later runs / first: {', '.join(_times(speed) for speed in speeds)} target tokens/s.", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -1048,7 +1144,7 @@ def block_translate_throughput(results: dict) -> str:
     extra = (f"checkpoint `{text(_local(r.get('checkpoint')))}`, the first {number(r.get('sentences'), 0)} "
              "Multi30k test sentences")
     lines = [_ran(r, "translate_throughput", extra) + ", tokens/s:", "",
-             "| system | " + " | ".join(c.replace("beam5", "beam 5").replace("/batch", ", batch ") for c in cells)
+             "| system | " + " | ".join(f"{c.replace('beam5', 'beam 5').replace('/batch', ', batch ')}" for c in cells)
              + " | test BLEU, greedy / beam 5 (batch 64) |", "|---|" + "---|" * (len(cells) + 1)]
     for name, v in systems.items():
         bleu = " / ".join(number(get(v, f"{s}/batch64", "bleu")) for s in ("greedy", "beam5"))
@@ -1155,18 +1251,12 @@ BLOCKS = {
     "readme": ("README.md", block_readme),
     "threads": ("README.md", block_threads),
     "decode-precision": ("docs/performance.md", block_decode_precision),
-    "decode-profile": ("docs/performance.md", block_decode_profile),
     "finetune-speed": ("docs/performance.md", block_finetune_speed),
     "train-throughput": ("docs/performance.md", block_train_throughput),
     "first-translation": ("docs/performance.md", block_first_translation),
     "serving": ("docs/performance.md", block_serving),
-    "matmul-peaks": ("docs/performance.md", block_matmul_peaks),
     "side-by-side": ("docs/performance.md", block_side_by_side),
-    "relayout": ("docs/performance.md", block_relayout),
-    "train-limits": ("docs/performance.md", block_train_limits),
-    "train-end-to-end": ("docs/performance.md", block_train_end_to_end),
     "train-precision-recipe": ("docs/performance.md", block_train_precision_recipe),
-    "train-recipe-reruns": ("docs/performance.md", block_train_recipe_reruns),
     "train-mkl-kernels": ("docs/performance.md", block_train_mkl_kernels),
     "translate-throughput": ("docs/performance.md", block_translate_throughput),
     "compile-step": ("docs/performance.md", block_compile_step),
@@ -1174,15 +1264,49 @@ BLOCKS = {
 }
 
 
-def render(text: str, path: str, results: dict) -> str:
-    """``text`` (the file at ``path``) with each of its generated blocks written anew from ``results``."""
+def render(text: str, path: str, results: dict, sources: dict | None = None) -> str:
+    """``text`` (the file at ``path``) with each of its generated blocks written anew from ``results``; ``sources``,
+    where given, gets each block's [offset, shown, format spec, source] list under its name (:func:`_written`)."""
+    global _dirty
     names = OPENING.findall(text)
     unknown = sorted(set(names) - {n for n, (p, _) in BLOCKS.items() if p == path})
     missing = sorted({n for n, (p, _) in BLOCKS.items() if p == path} - set(names))
     if unknown or missing or len(names) != len(set(names)) or len(BLOCK.findall(text)) != len(names):
         raise SystemExit(f"{path}: generated-block markers wrong: unknown {unknown}, missing {missing}, "
                          "or one is repeated or unclosed")
-    return BLOCK.sub(lambda m: m.group(1) + BLOCKS[m.group("name")][1](results) + m.group(4), text)
+    _dirty = {n for n, r in results.items() if dirty(r)} if path in DIRTY_NOTED else set()
+
+    def block(m: re.Match) -> str:
+        body, found = _written(BLOCKS[m.group("name")][1], results)
+        if DIRTY_MARK in body:
+            body += "\n" + DIRTY_NOTE + "\n"
+        if sources is not None:
+            sources[m.group("name")] = found
+        return m.group(1) + body + m.group(4)
+
+    try:
+        return BLOCK.sub(block, text)
+    finally:
+        _dirty = set()
+
+
+def sources_json(sources: dict[str, dict[str, list]]) -> str:
+    """docs/results_sources.json's text: for each page and block, one line per value shown,
+    [offset in the block, as shown, format spec, {"file": JSON, "key": [path], "ops": [...]} or a computation]."""
+    lines = ["{", f' "about": {json.dumps(SOURCES_ABOUT)},']
+    for i, (path, blocks) in enumerate(sorted(sources.items())):
+        lines.append(f" {json.dumps(path)}: {{")
+        for j, (name, found) in enumerate(blocks.items()):
+            comma = "," if j < len(blocks) - 1 else ""
+            if not found:
+                lines.append(f"  {json.dumps(name)}: []{comma}")
+                continue
+            lines.append(f"  {json.dumps(name)}: [")
+            lines += [f"   {json.dumps(entry, ensure_ascii=False)}" + ("," if k < len(found) - 1 else "")
+                      for k, entry in enumerate(found)]
+            lines.append(f"  ]{comma}")
+        lines.append(" }" + ("," if i < len(sources) - 1 else ""))
+    return "\n".join(lines + ["}"]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1191,11 +1315,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this script's)")
     args = parser.parse_args(argv)
     results = load_all(args.root / "bench" / "results")
-    stale = []
+    written, sources = {}, {}
     for path in sorted({p for p, _ in BLOCKS.values()}):
-        file = args.root / path
-        old = file.read_text(encoding="utf-8")
-        new = render(old, path, results)
+        old = (args.root / path).read_text(encoding="utf-8")
+        sources[path] = {}
+        written[path] = (old, render(old, path, results, sources[path]))
+    file = args.root / SOURCES
+    written[str(SOURCES)] = (file.read_text(encoding="utf-8") if file.is_file() else "", sources_json(sources))
+    stale = []
+    for path, (old, new) in written.items():
         if new == old:
             continue
         stale.append(path)
@@ -1203,8 +1331,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"{path} (now)",
                                                        f"{path} (from bench/results/*.json)"))
         else:
-            file.write_text(new, encoding="utf-8")
-            print(f"bench/results.py: rewrote the generated blocks of {path}")
+            (args.root / path).write_text(new, encoding="utf-8")
+            print(f"bench/results.py: wrote {path}" if path == str(SOURCES) else
+                  f"bench/results.py: rewrote the generated blocks of {path}")
     if args.check and stale:
         print(f"bench/results.py --check: {', '.join(stale)} disagree with bench/results/*.json; run `make results`",
               file=sys.stderr)

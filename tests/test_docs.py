@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import bisect
 import dataclasses
 import importlib.util
 import json
@@ -169,10 +168,9 @@ def test_results_docs_agree_with_the_jsons():
 
 
 # what the measurement pattern matches in hand-written text that is no measurement: an example input, the loopback
-# address, versions, settings (sentences decoded, a vocabulary's and a dataset's size, a padding share) and the
-# noise rule of thumb
+# address and the noise rule of thumb
 NOT_MEASUREMENTS = {"README.md": {"4.3.1997", "127.0.0.1"},
-                    "docs/performance.md": {"15%", "10%", "0.12.2", "2.13", "1,000", "6,000", "8,091"}}
+                    "docs/performance.md": {"15%"}}
 
 
 def test_hand_written_docs_quote_no_measurements():
@@ -184,47 +182,81 @@ def test_hand_written_docs_quote_no_measurements():
         assert not found, f"{name} quotes measurements outside its generated blocks: {found}"
 
 
-def _json_numbers() -> tuple[list[float], set[str]]:
-    """Every number the results JSONs hold (values, list lengths), and every digit string inside their text."""
-    values: list[float] = []
-    texts: set[str] = set()
+# --- every value a generated block shows, read again from the JSON file and key path docs/results_sources.json names
 
-    def walk(node) -> None:
-        if isinstance(node, bool):
-            return
-        if isinstance(node, (int, float)):
-            values.append(float(node))
-        elif isinstance(node, str):
-            texts.update(re.findall(r"\d+(?:\.\d+)?", node))
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                walk(key)
-                walk(value)
-        elif isinstance(node, list):
-            values.append(float(len(node)))
-            for value in node:
-                walk(value)
-
-    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
-        walk(json.loads(path.read_text(encoding="utf-8")))
-    return sorted(values), texts
+SOURCES = Path("docs") / "results_sources.json"
+BLOCK = re.compile(r"<!-- results:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.DOTALL)
+# a number as a page shows it: 4,057 / 38.11 / 2026 (not the digits inside a word: fp32, avx512, batch64)
+SHOWN_NUMBER = re.compile(r"(?<![\w.,])\d+(?:[.,]\d+)*")
+# the generator's own words that hold a digit: names of a cell, a metric, a setting or an HTTP status, not values
+LABELS = re.compile("|".join(re.escape(label) + r"(?![\d.,]*\d)" for label in (
+    "BLEU-1 / 2 / 3 / 4", "BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "WikiText-2", "SST-2", "224-pixel",
+    "data.image_size = 224", "train.lr=2e-5", "n = 1024", "n = 4096", "batch 1 and 64", "batch 1", "batch 64",
+    "batch-1", "beam 5", "AVX-512", "of them 200", "answered 429", "5xx")))
+OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
+       "neg": lambda a: -a}
+STRING_OPS = {"slice": lambda v, start, stop: v[start:stop], "replace": str.replace, "strip": str.strip,
+              "removeprefix": str.removeprefix, "removesuffix": str.removesuffix,
+              "sub": lambda v, pattern, repl: re.sub(pattern, repl, v)}
 
 
-def test_every_generated_number_comes_from_a_json():
-    values, texts = _json_numbers()
-    missing = []
-    for name, text in (("docs/results.md", RESULTS_DOC.read_text(encoding="utf-8")),
-                       ("README.md", README.read_text(encoding="utf-8"))):
-        for token in DOC_NUMBER.findall(_generated_text(text)):
-            plain = token.replace(",", "")
-            if plain in texts:
-                continue
-            shown = float(plain)
-            half = 0.5 * 10 ** -(len(plain.split(".")[1]) if "." in plain else 0) + 1e-9
-            i = bisect.bisect_left(values, shown - half)
-            if i == len(values) or values[i] > shown + half:
-                missing.append(f"{name}: {token}")
-    assert not missing, f"generated numbers that no JSON in bench/results/ holds: {sorted(set(missing))}"
+def _source_value(source, jsons: dict):
+    """What a source names: a key path's value in a results JSON (a constant as itself; no key: the file's name;
+    ``"of": "key"``: the path's last key, which must exist), with the string operations it lists applied, or the
+    computation it records over such values."""
+    if not isinstance(source, dict):
+        return source
+    if "op" in source:
+        return OPS[source["op"]](*(_source_value(a, jsons) for a in source["args"]))
+    node = jsons[source["file"]]
+    for key in source.get("key", []):
+        node = node[key]
+    value = (source["key"][-1] if source.get("of") == "key" else node) if "key" in source else source["file"]
+    for op, *args in source.get("ops", []):
+        value = STRING_OPS[op](value, *args)
+    return value
+
+
+def exact_source_problems(root: Path = ROOT) -> list[str]:
+    """Each value in each generated block, read again from the JSON key it names and formatted as recorded, must be
+    what the page shows where it shows it; and every number a block shows must be one of those values (or a label
+    in ``LABELS``). Returns what disagrees."""
+    jsons = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in (root / "bench" / "results").glob("*.json")}
+    recorded = json.loads((root / SOURCES).read_text(encoding="utf-8"))
+    problems = []
+    for page, blocks in recorded.items():
+        if page == "about":
+            continue
+        bodies = {m["name"]: m["body"] for m in BLOCK.finditer((root / page).read_text(encoding="utf-8"))}
+        if set(bodies) != set(blocks):
+            problems.append(f"{page}: blocks {sorted(bodies)}, sources for {sorted(blocks)}")
+        for name, entries in blocks.items():
+            body, spans = bodies.get(name, ""), []
+            for at, shown, spec, source in entries:
+                where = f"{page} [{name}] at {at}"
+                try:
+                    expected = format(_source_value(source, jsons), spec)
+                except (KeyError, IndexError, TypeError, ValueError) as e:
+                    problems.append(f"{where}: {json.dumps(source)} names nothing a JSON holds ({e!r})")
+                    continue
+                if expected != shown:
+                    problems.append(f"{where}: {json.dumps(source)} reads {expected!r}, the sources say {shown!r}")
+                if body[at:at + len(expected)] != expected:
+                    problems.append(f"{where}: shows {body[at:at + len(expected)]!r} where {json.dumps(source)} "
+                                    f"reads {expected!r}")
+                spans.append((at, at + len(expected)))
+            unlabelled = LABELS.sub(lambda m: " " * len(m.group()), body)
+            for m in SHOWN_NUMBER.finditer(unlabelled):
+                if not any(start <= m.start() and m.end() <= end for start, end in spans):
+                    problems.append(f"{page} [{name}] at {m.start()}: {m.group()!r} comes from no JSON key: "
+                                    f"...{body[max(0, m.start() - 40):m.end() + 10]}...")
+    return problems
+
+
+def test_every_generated_value_comes_from_its_json_key():
+    problems = exact_source_problems()
+    assert not problems, ("generated values that their JSON keys do not give (run `make results`):\n"
+                          + "\n".join(problems[:40]))
 
 
 def _copy_for_results(tmp_path: Path) -> Path:
@@ -235,6 +267,7 @@ def _copy_for_results(tmp_path: Path) -> Path:
         shutil.copy(doc, tmp_path / "docs" / doc.name)
     for path in (ROOT / "bench" / "results").glob("*.json"):
         shutil.copy(path, tmp_path / "bench" / "results" / path.name)
+    shutil.copy(ROOT / SOURCES, tmp_path / SOURCES)
     return tmp_path
 
 
@@ -253,8 +286,70 @@ def test_results_check_fails_when_a_json_changes(tmp_path, capsys):
     diff = capsys.readouterr().out
     assert "+| Transformer (`make multi30k`) | **12.34**" in diff and "BLEU 12.34" in diff
     assert (root / "README.md").read_bytes() == README.read_bytes(), "--check wrote a file"
+    assert any("'12.34'" in p for p in exact_source_problems(root))  # the pages still show the old BLEU
     assert results.main(["--root", str(root)]) == 0
     assert results.main(["--check", "--root", str(root)]) == 0
+    assert exact_source_problems(root) == []
+
+
+def _entry(root: Path, page: str, block: str, key_end: str) -> tuple[list, int]:
+    """The first source entry of ``block`` whose key path ends with ``key_end``, and where its block starts."""
+    entries = json.loads((root / SOURCES).read_text(encoding="utf-8"))[page][block]
+    entry = next(e for e in entries if e[3].get("key", [None])[-1] == key_end)
+    start = next(m.start("body") for m in BLOCK.finditer((root / page).read_text(encoding="utf-8"))
+                 if m["name"] == block)
+    return entry, start
+
+
+def test_the_exact_check_fails_on_a_number_edited_by_hand(tmp_path):
+    root = _copy_for_results(tmp_path)
+    assert exact_source_problems(root) == []
+    (at, shown, _, _), start = _entry(root, "docs/performance.md", "train-throughput", "tokens_per_s")
+    page = root / "docs" / "performance.md"
+    text = page.read_text(encoding="utf-8")
+    edited = shown[:-1] + ("1" if shown[-1] != "1" else "2")  # the same width: nothing else moves
+    page.write_text(text[:start + at] + edited + text[start + at + len(shown):], encoding="utf-8")
+    problems = exact_source_problems(root)
+    assert len(problems) == 1 and f"shows {edited!r}" in problems[0] and f"reads {shown!r}" in problems[0]
+
+
+def test_the_exact_check_fails_on_a_number_no_key_gives(tmp_path):
+    root = _copy_for_results(tmp_path)
+    page = root / "docs" / "performance.md"
+    text = page.read_text(encoding="utf-8")
+    closing = text.index("<!-- /results:attention-op -->")
+    page.write_text(text[:closing] + "About 5,000 tokens/s.\n" + text[closing:], encoding="utf-8")
+    problems = exact_source_problems(root)
+    assert len(problems) == 1 and "'5,000' comes from no JSON key" in problems[0]
+
+
+def test_the_exact_check_fails_on_a_value_that_names_the_wrong_key(tmp_path):
+    root = _copy_for_results(tmp_path)
+    (at, shown, _, source), _ = _entry(root, "docs/performance.md", "train-throughput", "tokens_per_s")
+    assert source["key"][:2] == ["systems", "attnkit"]
+    recorded = json.loads((root / SOURCES).read_text(encoding="utf-8"))
+    for entry in recorded["docs/performance.md"]["train-throughput"]:
+        if entry[0] == at:
+            entry[3]["key"][1] = "huggingface_marian"  # the neighbouring system's throughput, in the same JSON
+    (root / SOURCES).write_text(json.dumps(recorded), encoding="utf-8")
+    problems = exact_source_problems(root)
+    assert problems and all("huggingface_marian" in p for p in problems)
+    assert any(f"the sources say {shown!r}" in p for p in problems)
+
+
+def test_a_json_from_a_dirty_working_tree_is_marked(tmp_path):
+    results = _results_module()
+    root = _copy_for_results(tmp_path)
+    _edit_json(root, "attention_op", lambda r: r.update(dirty=True))
+    _edit_json(root, "compile_step", lambda r: r.update(dirty=False))  # its git_commit still ends in -dirty
+    assert results.main(["--root", str(root)]) == 0
+    page = (root / "docs" / "performance.md").read_text(encoding="utf-8")
+    blocks = {m["name"]: m["body"] for m in BLOCK.finditer(page)}
+    assert "[attention_op.json](../bench/results/attention_op.json)\\*" in blocks["attention-op"]
+    assert blocks["attention-op"].rstrip().endswith(results.DIRTY_NOTE)
+    assert "[compile_step.json](../bench/results/compile_step.json))" in blocks["compile-step"]
+    assert results.DIRTY_NOTE not in blocks["compile-step"]
+    assert exact_source_problems(root) == []
 
 
 def test_results_render_what_a_json_records_and_only_that(tmp_path):

@@ -1,5 +1,5 @@
 """The results JSON every benchmark writes into ``bench/results/``: ``name``, ``metrics``, ``command``, ``git_commit``,
-``torch``, ``versions``, ``machine`` and ``date``, plus what a benchmark adds (``systems``, ``ratios``)."""
+``dirty``, ``torch``, ``versions``, ``machine`` and ``date``, plus what a benchmark adds (``systems``, ``ratios``)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,45 @@ import subprocess
 import sys
 from pathlib import Path
 
+# what the benches and recipes write as they run, not code: changes there leave the code measured as committed
+# (a bench run after another finds the first one's JSON changed)
+OUTPUTS = ("runs/", "bench/results/")
+
+
+def git_head(cwd: str | Path | None = None) -> str | None:
+    """The commit checked out in the repository at ``cwd`` (default: this process's directory); None outside one."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=cwd).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def uncommitted_changes(cwd: str | Path | None = None) -> list[str] | None:
+    """The paths ``git status --porcelain`` lists in the working tree at ``cwd`` (changed, staged, deleted or
+    untracked, outside ``.gitignore``), less the benches' and runs' own output (:data:`OUTPUTS`); None outside a
+    repository."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], capture_output=True,
+                             text=True, check=True, cwd=cwd).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    paths = [line[3:].split(" -> ")[-1].strip('"') for line in out.splitlines() if line.strip()]
+    return [p for p in paths if not p.startswith(OUTPUTS)]
+
+
+def working_tree_dirty(cwd: str | Path | None = None) -> bool | None:
+    """Whether the code that runs differs from its commit: any uncommitted change but the output
+    (:func:`uncommitted_changes`); None outside a repository."""
+    changes = uncommitted_changes(cwd)
+    return None if changes is None else bool(changes)
+
 
 def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The commit, with "-dirty" where the working tree has uncommitted changes (:func:`working_tree_dirty`);
+    "unknown" outside a repository."""
+    head = git_head()
+    return "unknown" if head is None else head + ("-dirty" if working_tree_dirty() else "")
 
 
 # the instruction sets that decide which precisions and kernels are fast on a CPU
@@ -87,9 +117,10 @@ def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
 
 
 def write_results(path: str | Path, name: str, command: str, metrics: dict, **extra) -> Path:
-    """Write a bench's results JSON atomically, with what it ran on: the command, the commit, the versions, the
-    machine, the allocator (this process's, or ``allocator=`` where the bench timed other processes) and the code
-    branch of MKL's kernels (:func:`attnkit.mkl.kernels`, this process's, or ``mkl_kernels=``)."""
+    """Write a bench's results JSON atomically, with what it ran on: the command, the commit and whether the working
+    tree had uncommitted changes (``dirty``: true, false, or null outside a repository), the versions, the machine,
+    the allocator (this process's, or ``allocator=`` where the bench timed other processes) and the code branch of
+    MKL's kernels (:func:`attnkit.mkl.kernels`, this process's, or ``mkl_kernels=``)."""
     from attnkit import allocator, mkl
 
     # the settings of the environment that change what a bench measures, written as the command's prefix
@@ -100,7 +131,9 @@ def write_results(path: str | Path, name: str, command: str, metrics: dict, **ex
     v = versions()
     ran_on = extra.pop("allocator", None) or allocator.current()
     kernels = extra.pop("mkl_kernels", None) or mkl.kernels()
-    record = {"name": name, "metrics": metrics, **extra, "command": command, "git_commit": git_commit(),
+    # the commit, and beside it whether the working tree had changes it does not hold: a reader reruns the commit
+    record = {"name": name, "metrics": metrics, **extra, "command": command, "git_commit": git_head() or "unknown",
+              "dirty": working_tree_dirty(),
               "torch": v["torch"], "versions": v, "machine": machine(), "allocator": ran_on, "mkl_kernels": kernels,
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     path = Path(path)
