@@ -475,7 +475,14 @@ def test_the_cli_options_named_exist():
         for text in texts:
             for words in _attnkit_invocations(text):
                 parser, shown = top, "attnkit"
-                while words and _subparsers(parser) and not words[0].startswith("-"):
+                while words and _subparsers(parser):
+                    if words[0].startswith("-"):  # an option before the command (attnkit --plugin FILE train)
+                        action = parser._option_string_actions.get(words[0].split("=", 1)[0])
+                        if action is None:
+                            break
+                        checked += 1
+                        words = words[1 + (action.nargs != 0 and "=" not in words[0]):]
+                        continue
                     name, words = words[0], words[1:]
                     if not re.fullmatch(r"[a-z][a-z0-9-]*", name):
                         parser = None  # a placeholder (COMMAND): nothing to check
