@@ -51,15 +51,15 @@ def tok(minilm_directory):
 @torch.no_grad()
 def test_hidden_states_match_hugging_face(ours, reference, tok):
     ids, pad = tok.batch(SENTENCES)
-    mine = ours(ids, pad)
+    mine = ours(ids, pad).states
     theirs = reference(input_ids=ids, attention_mask=(~pad).long()).last_hidden_state
     assert mine.shape == theirs.shape == (len(SENTENCES), ids.size(1), 384)
     # float32: every real token; the states at padding positions mean nothing and carry more rounding
     assert (mine - theirs)[~pad].abs().max() <= 1e-5
     one, _ = tok.batch(SENTENCES[:1])
-    assert (ours(one) - reference(input_ids=one).last_hidden_state).abs().max() <= 1e-5
+    assert (ours(one).states - reference(input_ids=one).last_hidden_state).abs().max() <= 1e-5
     # float64: the same function everywhere, padding included, up to rounding
-    mine64 = copy.deepcopy(ours).double()(ids, pad)
+    mine64 = copy.deepcopy(ours).double()(ids, pad).states
     theirs64 = copy.deepcopy(reference).double()(input_ids=ids, attention_mask=(~pad).long()).last_hidden_state
     assert (mine64 - theirs64).abs().max() <= 1e-10
 

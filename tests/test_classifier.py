@@ -111,7 +111,7 @@ def test_classification_equals_hugging_face(models3, tok, kind):
     assert (mine.logits - theirs.logits).abs().max() <= ATOL
     assert abs(float(mine.loss) - float(theirs.loss)) <= ATOL
     # the pooled [CLS] state itself (tanh, order 1) agrees: a stronger check than the small logits of a new head
-    pooled = ours.pool(ours.encoder(batch.tokens, batch.padding_mask, batch.token_types))
+    pooled = ours.pool(ours.encoder(batch.tokens, batch.padding_mask, batch.token_types).states)
     assert (pooled - hf.bert(**hf_inputs(batch)).pooler_output).abs().max() <= ATOL
 
 
@@ -166,7 +166,7 @@ def test_mean_pooling_is_the_mean_over_real_tokens(models3, tok):
     encoder = models3[1].encoder
     model = SequenceClassifier(encoder, 3, pooling="mean").eval()
     batch = tok.sentences(FIRST, SECOND)
-    states = encoder(batch.tokens, batch.padding_mask, batch.token_types)
+    states = encoder(batch.tokens, batch.padding_mask, batch.token_types).states
     lengths = (~batch.padding_mask).sum(1).tolist()
     by_hand = torch.stack([states[i, :n].mean(0) for i, n in enumerate(lengths)])
     assert (model.pool(states, batch.padding_mask) - by_hand).abs().max() <= 1e-6
@@ -178,7 +178,7 @@ def test_mean_pooling_is_the_mean_over_real_tokens(models3, tok):
     assert (model(noisy_tokens, batch.padding_mask, noisy_types).logits - logits).abs().max() <= ATOL
     # normalised, it is sentence-transformers' embedding (BertEncoder.embed) of a single sentence
     singles = tok.sentences(SINGLES)
-    pooled = mean_pooling(encoder(singles.tokens, singles.padding_mask), singles.padding_mask)
+    pooled = mean_pooling(encoder(singles.tokens, singles.padding_mask).states, singles.padding_mask)
     assert (F.normalize(pooled, dim=-1) - encoder.embed(singles.tokens, singles.padding_mask)).abs().max() <= 1e-6
 
 

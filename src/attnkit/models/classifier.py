@@ -203,12 +203,9 @@ class SequenceClassifier(nn.Module):
         """
         if reduction not in REDUCTIONS:
             raise AttnkitError(f"reduction {reduction!r}: expected one of {', '.join(REDUCTIONS)}")
-        if need_weights:
-            states, weights = self.encoder(tokens, padding_mask, token_types, need_weights=True)
-        else:
-            states, weights = self.encoder(tokens, padding_mask, token_types), []
-        logits = self.classifier(self.dropout(self.pool(states, padding_mask)))
-        attention = AttentionMaps(encoder=weights) if need_weights else None
+        encoded = self.encoder(tokens, padding_mask, token_types, need_weights)
+        logits = self.classifier(self.dropout(self.pool(encoded.states, padding_mask)))
+        attention = AttentionMaps(encoder=encoded.weights) if need_weights else None
         if targets is None:
             return ModelOutput(logits=logits, attention=attention)
         if self.problem == "regression":

@@ -272,24 +272,6 @@ class GPTClassifier(nn.Module):
         """``<s> a <e>`` or ``<s> a $ b <e>`` (:func:`frame`) with this model's special ids."""
         return frame(self.vocab_size, first, second)
 
-    def states(self, tokens: Tensor, padding_mask: Tensor | None = None, need_weights: bool = False
-               ) -> tuple[Tensor, list]:
-        """The LM's final states h_l (after its final norm, what its output layer reads): tokens [B, T] ->
-        ([B, T, d], each layer's causal self-attention [B, H, T, T] when ``need_weights``).
-
-        ``padding_mask`` [B, T] (True = pad) hides those keys too. Padding after the extract token is hidden by
-        the causal mask already; the mask matters for a position hidden inside the input (occlusion)."""
-        if tokens.size(1) > self.lm.cfg.max_positions:
-            raise AttnkitError(f"{tokens.size(1)} tokens: the LM reads at most max_positions = "
-                               f"{self.lm.cfg.max_positions}")
-        x = self.lm.embed(tokens)
-        weights = []
-        for layer in self.lm.layers:
-            out = layer(x, padding_mask, need_weights, causal=True)
-            x = out.x
-            weights.append(out.self_weights)
-        return self.lm.norm(x), (weights if need_weights else [])
-
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None,
                 targets: Tensor | None = None, need_weights: bool = False, reduction: str = "sum",
                 label_smoothing: float = 0.0, extract: Tensor | None = None) -> ModelOutput:
@@ -319,7 +301,10 @@ class GPTClassifier(nn.Module):
         if not bool((tokens.gather(1, extract[:, None]) == self.special_ids[2]).all()):
             raise AttnkitError(f"a row's last real token is not the extract token <e> (id {self.special_ids[2]}): "
                                "frame each input with frame() and pad on the right")
-        states, weights = self.states(tokens, padding_mask, need_weights)
+        if tokens.size(1) > self.lm.cfg.max_positions:
+            raise AttnkitError(f"{tokens.size(1)} tokens: the LM reads at most max_positions = "
+                               f"{self.lm.cfg.max_positions}")
+        states, weights = self.lm.hidden_states(tokens, need_weights, padding_mask)
         logits = self.classifier(self.dropout(extract_states(states, extract)))
         attention = AttentionMaps(decoder=weights) if need_weights else None
         if targets is None:

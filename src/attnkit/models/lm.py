@@ -25,6 +25,7 @@ from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError
 from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput, mean_step_attention
 from attnkit.nn import AdaptiveInput, EncoderLayer, KVCache, TokenEmbedding, make_positional
+from attnkit.nn.blocks import init_feed_forward
 from attnkit.nn.loss import projected_label_smoothed_nll
 from attnkit.tokens import PAD
 
@@ -108,10 +109,7 @@ class TransformerLM(GenerativeModel):
         self.output = output
         if cfg.share_embeddings and not cfg.adaptive_softmax:
             self.output.weight = self.embed.tokens.weight  # tied (Press & Wolf 2017), as GPT-2
-        for layer in self.layers:
-            for lin in (layer.ffn.linear1, layer.ffn.linear2):
-                nn.init.xavier_uniform_(lin.weight)
-                nn.init.zeros_(lin.bias)
+        init_feed_forward(self.layers)
 
     @staticmethod
     def _output_layer(cfg: LMConfig, vocab_size: int) -> tuple[nn.Module, nn.Module | None]:
@@ -145,13 +143,18 @@ class TransformerLM(GenerativeModel):
         loss, nll = self.projected_loss(hidden, self.output.weight, targets, label_smoothing, PAD)
         return ModelOutput(loss=loss, nll=nll, attention=attention)
 
-    def hidden_states(self, tgt_in: Tensor, need_weights: bool = False) -> tuple[Tensor, list]:
+    def hidden_states(self, tgt_in: Tensor, need_weights: bool = False, padding_mask: Tensor | None = None
+                      ) -> tuple[Tensor, list]:
         """tgt_in [B, T] -> the states the output layer reads [B, T, d_model], and each layer's self-attention
-        weights [B, H, T, T] (None each without ``need_weights``)."""
+        weights [B, H, T, T] (None each without ``need_weights``).
+
+        ``padding_mask`` [B, T] (True = pad; None = none) hides those keys besides the later ones. Padding on the
+        right is hidden from every real position by the causal mask already; the mask matters for a position
+        hidden inside a row (a fine-tuned classifier's occlusion)."""
         x = self.embed(tgt_in)
         all_weights = []
         for layer in self.layers:
-            out = layer(x, need_weights=need_weights, causal=True)
+            out = layer(x, padding_mask, need_weights=need_weights, causal=True)
             x = out.x
             all_weights.append(out.self_weights)
         return self.norm(x), all_weights

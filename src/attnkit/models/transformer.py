@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from attnkit.config import ModelConfig
 from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput, mean_step_attention
 from attnkit.nn import DecoderLayer, EncoderLayer, KVCache, TokenEmbedding, make_positional
+from attnkit.nn.blocks import init_feed_forward
 from attnkit.nn.loss import projected_label_smoothed_nll
 from attnkit.tokens import PAD
 
@@ -92,14 +93,6 @@ class DecoderState(DecodingState):
             return DecoderState(self.memory, self.memory_kv, caches, self.offset)
         return DecoderState(self.memory.select(indices), [kv.select(indices) for kv in self.memory_kv], caches,
                             self.offset)
-
-
-def init_feed_forward(layers) -> None:
-    """Xavier-uniform FFN weights and zero biases, as the other linear layers of the Transformer."""
-    for layer in layers:
-        for lin in (layer.ffn.linear1, layer.ffn.linear2):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
 
 
 def encoder_layers(cfg: EncoderDecoderSizes) -> nn.ModuleList:

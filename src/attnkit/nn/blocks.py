@@ -33,6 +33,16 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
+def init_feed_forward(layers) -> None:
+    """Xavier-uniform W_1 [d_ff, d_model] and W_2 [d_model, d_ff], zero b_1 and b_2, in every layer's FFN, as the
+    Transformer's other linear layers are initialised. Called once the whole stack is built, so the random draws
+    follow the layers' order."""
+    for layer in layers:
+        for lin in (layer.ffn.linear1, layer.ffn.linear2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+
 class LayerOutput(NamedTuple):
     """What every layer returns. ``x``: its output [B, T, d_model]; ``self_weights``: its self-attention
     [B, H, T, T] and ``cross_weights``: a decoder layer's attention over the memory [B, H, T, S] (None unless
