@@ -35,6 +35,15 @@ def model():
 
 
 @pytest.fixture(scope="module")
+def decisive_model():
+    """Trained until no greedy choice of ``src`` is a near-tie at bf16's precision, for comparing two bf16 decoders
+    token for token: on an AMX Xeon the compiled bf16 step's products round otherwise than the eager one's, and in
+    :func:`model` they flipped a first token that fp32 preferred by 0.057 in log-probability; after 1000 steps
+    every greedy choice of these sentences leads by at least 0.22."""
+    return toy_trained_model(steps=1000)
+
+
+@pytest.fixture(scope="module")
 def src():
     return random_src([7, 5, 3, 6, 1, 4, 7, 2], seed=5)
 
@@ -161,7 +170,7 @@ def test_lower_precision_decodes_close_to_fp32_and_leaves_the_model_alone(model,
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 @torch.no_grad()
-def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(model, src, precision):
+def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(decisive_model, src, precision):
     """``--compile --precision``: the search steps compiled ahead of time over the model at that precision (int8's
     integer products included) choose what the same precision's eager steps choose; the steps are not checked
     against eager ones here (``check=False``), so the compiled graphs are what decodes. The output projection's
@@ -171,8 +180,8 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(mo
 
     if not runs_here(precision):
         pytest.skip(f"this CPU has none of {NEEDS[precision]}")
-    eager = fast.decoder(model, precision=precision)
-    compiled = fast.decoder(model, compile=True, precision=precision, freeze=True, pack_output=True,
+    eager = fast.decoder(decisive_model, precision=precision)
+    compiled = fast.decoder(decisive_model, compile=True, precision=precision, freeze=True, pack_output=True,
                              ahead_of_time=True, check=False)
     lens = max_lengths(src.ne(PAD).sum(1), 1.0, 4)
     for batch in (src, src):  # the first makes the graphs (eagerly), the second runs them on its 8 sentences
