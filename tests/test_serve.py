@@ -389,19 +389,19 @@ def test_serve_command_refuses_public_binding_without_key_and_enforces_the_key(t
         proc.communicate(timeout=20)
 
 
-def test_serve_compiles_translation_models_before_the_first_request_unless_told_not_to(trained_checkpoint,
-                                                                                        monkeypatch, capsys):
-    """``attnkit serve``'s start: by default (ATTNKIT_COMPILE=1) a Transformer translation model is compiled and
-    warmed up on one sentence and two, greedy and at its checkpoint's beam, before uvicorn answers anyone, and says
-    so; ``--no-compile``
-    (settings.compile False) and ATTNKIT_COMPILE=0 leave it eager; ``--compile`` compiles whatever the default."""
+def test_serve_compiles_translation_models_in_the_background_unless_told_not_to(trained_checkpoint, monkeypatch,
+                                                                                   capsys):
+    """``attnkit serve``'s start: by default (ATTNKIT_COMPILE=1) a Transformer translation model is compiled, and
+    warmed up greedy and at its checkpoint's beam, in the background (``Model.compile(beams=..., background=True)``):
+    nothing is decoded before uvicorn answers, and it says so; ``--no-compile`` (settings.compile False) and
+    ATTNKIT_COMPILE=0 leave it eager; ``--compile`` compiles whatever the default."""
     import attnkit.serve.server as server
     from attnkit.api import Model
     from attnkit.checkpoint import read_config
     from attnkit.serve import Settings
 
     events = []
-    monkeypatch.setattr(Model, "compile", lambda self, **kw: events.append(("compile", self.family)) or self)
+    monkeypatch.setattr(Model, "compile", lambda self, **kw: events.append(("compile", self.family, kw)) or self)
     monkeypatch.setattr(Model, "translate", lambda self, sentences, beam=None, **kw:
                         events.append(("translate", beam, tuple(sentences))) or ["" for _ in sentences])
     monkeypatch.setattr("uvicorn.run", lambda app, **kw: events.append(("run", kw["host"])))
@@ -410,8 +410,7 @@ def test_serve_compiles_translation_models_before_the_first_request_unless_told_
         monkeypatch.setenv("ATTNKIT_COMPILE", switch)
         events.clear()
         assert server.serve([f"dates={trained_checkpoint}"], Settings(port=free_port(), compile=compile)) == 0
-        expected = [("compile", "transformer"), *(("translate", b, sentences) for b in sorted({1, beam})
-                                                  for sentences in (("a a",), ("a", "a a a")))]
+        expected = [("compile", "transformer", {"beams": (1, beam), "background": True})]
         assert events == [*(expected if compiled else []), ("run", "127.0.0.1")], (switch, compile)
-        said = f"compiled for beam sizes {', '.join(map(str, sorted({1, beam})))} (others eager), decoding in fp32"
+        said = f"compiling for beam sizes {', '.join(map(str, sorted({1, beam})))} in the background"
         assert (said in capsys.readouterr().err) == compiled

@@ -124,21 +124,61 @@ class Model:
             self.compile()
         return self._decoder
 
-    def compile(self, ahead_of_time: bool = True, freeze: bool = True, cache: bool = True,
-                encoder: bool = False) -> Model:
+    def compile(self, ahead_of_time: bool = True, freeze: bool = True, cache: bool = True, encoder: bool = False,
+                beams: tuple[int, ...] = (), background: bool = False) -> Model:
         """Compile the decoding steps (a minute or so the first time, then faster; see docs/performance.md); with
         ``cache`` the steps compiled ahead of time are kept in the user's cache and loaded from there by the next
         process that compiles this model (the encoder among them, ahead of time); ``encoder`` also compiles, anew in
         every process, what its package does not cover (seconds each start; :func:`~attnkit.fast.compile_step`).
-        Returns self."""
+
+        ``beams``: a translation model's beam sizes whose graphs are built now (:meth:`warm_up`); the decoder is then
+        sealed, so that another beam size decodes eagerly rather than wait for a compiler. ``background``: all of
+        it in a thread while this model goes on decoding eagerly; the compiled decoder, its steps checked against
+        the eager ones on the first real batches, takes over when it is ready (:attr:`compiling` is the thread
+        until then; a server answers at once instead of after minutes on a cold cache). Returns self."""
+        import threading
+
         from attnkit import fast
 
         if not self.generative:
             raise AttnkitError(f"a {self.family} model decodes nothing to compile")
         self._compile = False
-        self._decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
-                                     ahead_of_time=ahead_of_time, cache=cache, encoder=encoder)
+
+        def build() -> None:
+            decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
+                                   ahead_of_time=ahead_of_time, cache=cache, encoder=encoder)
+            if beams:
+                self.warm_up(decoder, beams)
+            self._decoder = decoder  # one assignment: a batch decodes with the old decoder or the new, whole
+
+        if background:
+            self.compiling = threading.Thread(target=build, name=f"attnkit-compile-{self.path.name}", daemon=True)
+            self.compiling.start()
+        else:
+            build()
         return self
+
+    compiling = None  # the thread compiling this model's decoder in the background, while it does
+
+    def warm_up(self, decoder, beams: tuple[int, ...]) -> list[int]:
+        """Translate one sentence and two (and, where the decoder has graphs of their own for wide batches, that
+        many) with ``decoder`` at each of ``beams``, so that a compiled decoder has its graphs (compiled, or loaded
+        from the cache; one sentence and several are graphs apart) before the first real request; then seal it.
+        -> the beam sizes warmed (none for a model that does not translate)."""
+        from attnkit.decode import translate
+
+        if "translate" not in self.capabilities:
+            return []
+        d = self.config.decode
+        for beam in sorted(set(beams)):
+            wide = getattr(decoder, "wide_sentences", None)
+            for sentences in (["a a"], ["a", "a a a"]) + (([" ".join(["a"] * (1 + i % 3)) for i in range(wide)],)
+                                                         if wide else ()):
+                translate(decoder, self.tokenizers, sentences, beam_size=beam, len_penalty=d.len_penalty,
+                          max_len_a=d.max_len_a, max_len_b=d.max_len_b, shortlist=self.vocabulary_map)
+        if hasattr(decoder, "seal"):
+            decoder.seal()
+        return sorted(set(beams))
 
     def _vocabulary_map(self, shortlist: bool | str | Path):
         """The vocabulary map at ``shortlist`` (a path), or with True ``vmap.txt`` beside the checkpoint, else in its

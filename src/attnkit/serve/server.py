@@ -56,25 +56,6 @@ def _classifier(path: str) -> bool:
     return registry.family(read_config(resolve_checkpoint(path)).model.family).decodes is False
 
 
-def warm_up(model) -> list[int]:
-    """Translate one sentence and two, greedily and with the checkpoint's beam, so that a compiled model has its
-    graphs (compiled, or loaded from the cache; one sentence and several are graphs apart) before the first request,
-    which would otherwise wait for them; then seal the decoder: a request for another beam size decodes eagerly
-    rather than wait for a compiler. -> the beam sizes compiled."""
-    if "translate" not in model.capabilities:
-        return []
-    beams = sorted({1, model.config.decode.beam_size})
-    for beam in beams:
-        model.translate(["a a"], beam=beam)
-        model.translate(["a", "a a a"], beam=beam)
-        # a decoder whose wide batches have graphs of their own (attnkit.fast.aot.WIDE_GRAPH) gets them too
-        if wide := getattr(model.decoder, "wide_sentences", None):
-            model.translate([" ".join(["a"] * (1 + i % 3)) for i in range(wide)], beam=beam)
-    if hasattr(model.decoder, "seal"):
-        model.decoder.seal()
-    return beams
-
-
 def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
     """Load the models of ``specs`` (``[NAME=]RUN_OR_CHECKPOINT``) and serve them until interrupted."""
     import uvicorn
@@ -89,15 +70,18 @@ def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
         classifier = _classifier(path)
         precision = "fp32" if classifier else settings.precision
         model = attnkit.load(path, precision=precision, compile=False)
-        # compiled before the first request, which would otherwise wait for it (and time out)
         compiled = model.generative and (compiles_by_default(model.module) if settings.compile is None
                                          else settings.compile)
-        beams = warm_up(model.compile()) if compiled else []
+        if compiled:
+            # in the background: requests are answered eagerly meanwhile, the compiled steps take over when ready
+            beams = (1, model.config.decode.beam_size) if "translate" in model.capabilities else ()
+            model.compile(beams=beams, background=True)
         models[name] = model
         doing = "computing" if classifier else "decoding"
         if compiled:
-            doing = (f"compiled for beam sizes {', '.join(map(str, beams))} (others eager), decoding" if beams
-                     else "compiled, decoding")
+            doing = (f"compiling for beam sizes {', '.join(map(str, sorted(set(beams))))} in the background "
+                     "(eager until then, other beam sizes eager), decoding" if beams else
+                     "compiling in the background, decoding")
         print(f"attnkit serve: {name}: {model.family} from {model.path} "
               f"({', '.join(sorted(model.capabilities))}; {doing} in {precision})", file=sys.stderr)
     app = create_app(models, settings)
