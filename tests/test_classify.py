@@ -1,15 +1,18 @@
 """Using a fine-tuned classifier: `attnkit classify` on plain lines, tab-separated pairs and GLUE files (each
-output line in input order, equal to attnkit.decode.classify), streaming through a pipe; `attnkit evaluate
---data` against scikit-learn's and SciPy's scores; ``attnkit.load(run).classify``; and the one-line errors."""
+output line in input order, equal to the core model's attnkit.decode.classify), streaming through a pipe; `attnkit
+evaluate --data` against scikit-learn's and SciPy's scores; ``attnkit.load(run).classify``; the fast copy that
+classifies against the core; and the one-line errors."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 import attnkit
 from attnkit.checkpoint import load_checkpoint
@@ -19,13 +22,31 @@ from attnkit.decode import classify
 from attnkit.errors import AttnkitError
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# the fast copy against the core, both fp32: the fused attention sums in another order, so outputs agree to within
+# a few ulps of the logits' size; tests/test_fast.py bounds logits, probabilities and scores by the same 1e-5
+FP32_TOLERANCE = 1e-5
 
 
 def expected(run, texts, pairs=None):
-    """What the CLI must print: the loaded model's own classifications (``attnkit.load``'s fast copy classifies;
-    a near-constant regressor's correlations move with its last bits)."""
+    """What the CLI must print: the core's classifications, of the plain module the checkpoint loads into (the
+    commands classify with ``attnkit.load``'s fast copy, which :func:`test_the_fast_copy_classifies_as_the_core`
+    holds to the core)."""
     model = attnkit.load(run)
-    return classify(model.classifier, model.tokenizers, texts, pairs)
+    return classify(model.module, model.tokenizers, texts, pairs)
+
+
+def assert_same_classifications(got, want) -> None:
+    """Classifications of the fast copy against the core's: the same labels, probabilities and scores to fp32's
+    tolerance."""
+    assert [c.label for c in got] == [c.label for c in want]
+    for a, b in zip(got, want, strict=True):
+        if b.probabilities is None:
+            assert a.probabilities is None and math.isclose(a.score, b.score, rel_tol=FP32_TOLERANCE,
+                                                            abs_tol=FP32_TOLERANCE), (a, b)
+            continue
+        assert a.score is None and list(a.probabilities) == list(b.probabilities), (a, b)
+        assert all(math.isclose(a.probabilities[k], p, abs_tol=FP32_TOLERANCE) for k, p in b.probabilities.items()), \
+            (a, b)
 
 
 def check_lines(lines: list[str], results) -> None:
@@ -95,6 +116,52 @@ def test_a_loaded_classifier_classifies_with_the_fast_runtime_and_explains_with_
     for a, b in zip(fast, core):
         assert all(a.probabilities[k] == pytest.approx(b.probabilities[k], abs=1e-5) for k in a.probabilities)
     assert all(p.dtype == torch.float32 for p in model.classifier.parameters())
+
+
+def _counted(monkeypatch, module, name: str) -> list:
+    """Count the calls of ``module.name`` (a kernel the fast runtime looks up when it runs)."""
+    calls, original = [], getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("run, problem", [("classifier_run", "classification"), ("regressor_run", "regression")])
+def test_the_fast_copy_classifies_as_the_core(run, problem, sst2_dev, stsb_dev, request, monkeypatch):
+    """``attnkit.load``'s fast copy (fused attention, fp32), which the commands classify with, against the plain
+    module the checkpoint loads into, over inputs of many lengths, padded: the encoder's states of real tokens (which
+    the head's near-constant outputs would hide a difference in), the logits, and so the labels, probabilities and
+    scores, to fp32's tolerance. Both fused kernels run: the short-keys one, and SDPA past SHORT_KEYS tokens."""
+    from attnkit.data.wordpiece import collate_sentences
+    from attnkit.decode.classify import classify_logits
+    from attnkit.fast import attention as fast_attention
+
+    kernels = [_counted(monkeypatch, fast_attention, name) for name in ("short_attention", "_sdpa")]
+    model = attnkit.load(request.getfixturevalue(run))
+    assert model.classifier is not model.module and model.module.problem == problem
+    dev = stsb_dev if model.takes_pairs else sst2_dev
+    texts = [" ".join(dev.texts[:4]), *dev.texts[4:48]]  # the first input longer than SHORT_KEYS tokens
+    pairs = None if dev.pairs is None else [" ".join(dev.pairs[:4]), *dev.pairs[4:48]]
+    examples = [model.tokenizers.example(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)]
+    lengths = [len(ids) for ids, _ in examples]
+    assert lengths[0] > fast_attention.SHORT_KEYS and len(set(lengths)) > 8
+    batch = collate_sentences(examples, model.tokenizers.pad_id)
+    with torch.no_grad():
+        fast, core = (m.encoder(batch.tokens, batch.padding_mask, batch.token_types).states
+                      for m in (model.classifier, model.module))
+    real = ~batch.padding_mask
+    torch.testing.assert_close(fast[real], core[real], rtol=FP32_TOLERANCE, atol=FP32_TOLERANCE)
+    fast = classify_logits(model.classifier, model.tokenizers, texts, pairs, batch_tokens=600)
+    core = classify_logits(model.module, model.tokenizers, texts, pairs, batch_tokens=600)
+    assert torch.isfinite(fast).all()
+    assert float((fast - core).abs().max()) <= FP32_TOLERANCE
+    assert all(kernels), [len(k) for k in kernels]
+    assert_same_classifications(classify(model.classifier, model.tokenizers, texts, pairs),
+                                classify(model.module, model.tokenizers, texts, pairs))
 
 
 @pytest.mark.parametrize("precision, tolerance", [("bf16", 0.05), ("int8", 0.1)])
@@ -244,6 +311,27 @@ def test_evaluate_data_prints_the_classification_scores(classifier_run, sst2_dev
         {k: v for k, v in result.items() if k != "data"}
 
 
+def test_evaluate_data_on_the_validation_file_gives_the_scores_its_validation_recorded(classifier_run, tmp_path,
+                                                                                         capsys):
+    """`attnkit evaluate --data` and the trainer's validation score predictions with the task's one scoring, so the
+    best checkpoint evaluated on its run's validation file prints the figures recorded with it."""
+    from attnkit.config import load_config
+    from attnkit.data.labelled import read_labelled
+
+    cfg = load_config(classifier_run / "config.toml")
+    dev = read_labelled(cfg.data.valid_file, cfg.data.text_column, None, cfg.data.label_column)
+    path = tmp_path / "dev.tsv"
+    path.write_text("sentence\tlabel\n" + "".join(f"{t}\t{g}\n" for t, g in zip(dev.texts, dev.labels)),
+                    encoding="utf-8")
+    recorded = json.loads((classifier_run / "checkpoints" / "best" / "meta.json").read_text(encoding="utf-8"))
+    code, lines, err = run_cli(capsys, "evaluate", "--checkpoint", classifier_run, "--data", path)
+    assert code == 0, err
+    result = json.loads(lines[0])
+    assert result["n"] == len(dev.texts)
+    assert {k: result[k] for k in ("accuracy", "f1", "matthews")} == \
+        {k: recorded["scores"][f"valid_{k}"] for k in ("accuracy", "f1", "matthews")}
+
+
 def test_evaluate_data_prints_the_regression_scores(regressor_run, data_dir, tmp_path, capsys):
     """On the STS benchmark's own layout (no header, the score 5th), as GLUE's STS-B dev comes."""
     from scipy.stats import pearsonr, spearmanr
@@ -272,8 +360,8 @@ def test_load_and_classify_from_python(classifier_run, regressor_run, sst2_dev, 
     assert model.family == "bert_classifier" and model.capabilities == {"classify", "attention"}
     assert "bert_classifier" in repr(model) and model.decoder is None and not model.takes_pairs
     texts = sst2_dev.texts[:6]
-    assert model.classify(texts) == expected(classifier_run, texts)
-    assert model.classify(texts[0]) == expected(classifier_run, texts[:1])[0]
+    assert_same_classifications(model.classify(texts), expected(classifier_run, texts))
+    assert_same_classifications([model.classify(texts[0])], expected(classifier_run, texts[:1]))
     attention = model.attention(texts[0])
     assert attention.source[0] == "[CLS]" and attention.text == model.classify(texts[0]).label
     assert attention.encoder[0].shape[-1] == len(attention.source)
@@ -285,7 +373,7 @@ def test_load_and_classify_from_python(classifier_run, regressor_run, sst2_dev, 
     regressor = attnkit.load(regressor_run)
     assert regressor.takes_pairs
     got = regressor.classify(stsb_dev.texts[:3], stsb_dev.pairs[:3])
-    assert got == expected(regressor_run, stsb_dev.texts[:3], stsb_dev.pairs[:3])
+    assert_same_classifications(got, expected(regressor_run, stsb_dev.texts[:3], stsb_dev.pairs[:3]))
     with pytest.raises(AttnkitError, match="single sentence given to a model of sentence pairs"):
         regressor.classify(stsb_dev.texts[:3])
 

@@ -549,6 +549,122 @@ def test_resume_refuses_a_checkpoint_without_trainer_state(tmp_path, trained_che
         t.resume(ckpt)
 
 
+# --- the metric that ranks checkpoints: the task declares it, the trainer follows the declaration
+
+
+def _dates_task(cfg, run: Path, metrics: tuple, metric: str):
+    """The dates translation task, declaring ``metrics`` (ranking by ``metric``) instead of its own."""
+    from attnkit.train.tasks import TranslationTask
+
+    task = TranslationTask(cfg, run, train_pairs=generate_dates(60), valid_pairs=generate_dates(5, 1))
+    task.metrics, task.metric = metrics, metric
+    return task
+
+
+def test_a_lower_is_better_metric_ranks_the_lower_value_better(tmp_path):
+    """A metric the task declares lower-is-better, by a name the trainer has never seen: each lower value is a new
+    best (kept negated in progress.best_score, as a run keeps its loss), and a value no lower counts towards early
+    stopping."""
+    from attnkit.train.tasks import LOSS, Metric
+
+    cfg = tiny_experiment(patience=2)
+    t = Trainer(cfg, tmp_path, task=_dates_task(cfg, tmp_path, (Metric("ter", higher_is_better=False), LOSS), "ter"))
+    seen = []
+    for ter in (50.0, 40.0, 45.0, 40.0, 39.5):
+        seen.append((t.is_better({"valid_ter": ter, "valid_loss": 1.0}), t.out_of_patience()))
+    assert seen == [(True, False), (True, False), (False, False), (False, True), (True, False)]
+    assert t.progress.best_score == -39.5
+
+
+def test_a_metric_validation_did_not_report_ranks_by_its_declared_fallback(tmp_path):
+    """``train.best_metric`` names a higher-is-better metric that falls back to a lower-is-better one: its own value
+    where validation reported it, else the fallback's, oriented by the fallback's declaration; neither: no rank."""
+    from attnkit.train.tasks import Metric
+
+    cfg = tiny_experiment(best_metric="chrf")
+    metrics = (Metric("ter", higher_is_better=False), Metric("chrf", higher_is_better=True, fallback="ter"))
+    t = Trainer(cfg, tmp_path, task=_dates_task(cfg, tmp_path, metrics, "ter"))
+    assert t.score_value({"valid_chrf": 61.5, "valid_ter": 30.0}) == 61.5
+    assert t.score_value({"valid_ter": 30.0, "valid_loss": 2.0}) == -30.0
+    assert t.score_value({"valid_loss": 2.0}) is None
+    assert [t.is_better(s) for s in ({"valid_ter": 30.0}, {"valid_ter": 31.0}, {"valid_ter": 29.0})] == \
+        [True, False, True]
+
+
+def test_translation_ranks_by_bleu_else_by_the_lower_loss(tmp_path):
+    """The translation task's own declarations: BLEU, higher better; where validation computed none
+    (``train.eval_bleu = false``), the loss, lower better, negated; ``train.best_metric = "loss"`` the loss always."""
+    t = Trainer(tiny_experiment(), tmp_path / "a", train_pairs=generate_dates(60), valid_pairs=generate_dates(5, 1))
+    assert t.score_value({"valid_bleu": 12.5, "valid_loss": 2.5}) == 12.5
+    assert t.score_value({"valid_loss": 2.5, "valid_ppl": math.exp(2.5)}) == -2.5
+    t = Trainer(tiny_experiment(best_metric="loss"), tmp_path / "b", train_pairs=generate_dates(60),
+                valid_pairs=generate_dates(5, 1))
+    assert t.score_value({"valid_bleu": 12.5, "valid_loss": 2.5}) == -2.5
+
+
+def test_a_runs_best_score_is_its_best_checkpoints_ranking_value(tmp_path, trained_checkpoint):
+    """What a run keeps in progress.best_score (its validation loss negated, as runs have kept it) is what the
+    trainer ranks the best checkpoint's recorded scores by: a resumed run compares against the same number."""
+    best = json.loads((trained_checkpoint.parent / "best" / "meta.json").read_text(encoding="utf-8"))
+    t = Trainer(tiny_experiment(), tmp_path, train_pairs=generate_dates(60), valid_pairs=generate_dates(5, 1))
+    assert "valid_bleu" not in best["scores"]
+    assert best["progress"]["best_score"] == -best["scores"]["valid_loss"] == t.score_value(best["scores"])
+
+
+def test_a_best_metric_the_task_does_not_report_is_refused_by_the_trainer_in_one_line(tmp_path):
+    """The config knows no metric names (the tasks declare them): it passes any; the trainer refuses one its task
+    does not report, naming the ones it does."""
+    for name in ("accuracy", "rouge"):
+        cfg = tiny_experiment(best_metric=name)
+        validate(cfg)
+        with pytest.raises(AttnkitError) as e:
+            Trainer(cfg, tmp_path, train_pairs=generate_dates(60), valid_pairs=generate_dates(5, 1))
+        assert str(e.value) == f"train.best_metric = {name!r}: this task's validation reports bleu, loss"
+
+
+def test_every_task_declares_the_metric_it_ranks_by_and_each_fallback():
+    """Each task's default metric and each declared fallback are among its declared metrics (a data format's own,
+    GLUE's F1 for MRPC, among its task's); a Metric is frozen, as a declaration."""
+    from attnkit import registry
+    from attnkit.train import tasks
+
+    declared = [(tasks.CLASSIFICATION_METRICS, "accuracy"), (tasks.REGRESSION_METRICS, "spearman")]
+    for task in registry.TASKS.values():
+        cls = registry.resolve(task.trainer)
+        if cls is not tasks.ClassificationTask:
+            declared.append((cls.metrics, cls.metric))
+    for form in registry.FORMATS.values():
+        if form.metric:
+            metrics = tasks.REGRESSION_METRICS if form.regression else tasks.CLASSIFICATION_METRICS
+            declared.append((metrics, form.metric))
+    assert len(declared) > 4
+    for metrics, metric in declared:
+        names = [m.name for m in metrics]
+        assert all(isinstance(m, tasks.Metric) for m in metrics) and len(set(names)) == len(names), metrics
+        assert metric in names and all(m.fallback in names for m in metrics if m.fallback), (metrics, metric)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tasks.LOSS.higher_is_better = True
+
+
+def test_the_trainer_names_no_metric():
+    """Which score ranks checkpoints and which way is better is the task's to declare; the trainer only reads the
+    declarations, so no string in it names a metric, bare or as a validation score (``valid_<name>``)."""
+    import ast
+
+    from attnkit import registry
+    from attnkit.train import tasks
+
+    metrics = (*tasks.CLASSIFICATION_METRICS, *tasks.REGRESSION_METRICS)
+    for task in registry.TASKS.values():
+        metrics += tuple(getattr(registry.resolve(task.trainer), "metrics", ()))
+    names = {m.name for m in metrics} | {f.metric for f in registry.FORMATS.values() if f.metric} | {"ppl", "bpc"}
+    source = Path(tasks.__file__).with_name("trainer.py")
+    found = [f"trainer.py:{node.lineno}: {node.value!r}" for node in ast.walk(ast.parse(source.read_text("utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and node.value.removeprefix("valid_") in names]
+    assert {"bleu", "loss", "accuracy", "spearman"} <= names and not found, found
+
+
 # --- checkpoints
 
 

@@ -557,7 +557,7 @@ def _evaluate_classifier(args) -> int:
     error naming its line."""
     from attnkit.data import check_labels
     from attnkit.decode import classify
-    from attnkit.evaluate import classification_scores, regression_scores
+    from attnkit.train.tasks import ClassificationTask
 
     model = _load_classifier(args)
     path = Path(args.data)
@@ -570,11 +570,11 @@ def _evaluate_classifier(args) -> int:
         check_labels(data, labels, f"the checkpoint {model.path}")
     results = classify(model.classifier, model.tokenizers, data.texts, data.pairs, args.batch_tokens)
     if model.module.problem == "regression":
-        scores = regression_scores([c.score for c in results], data.labels)
+        predictions, golds = [c.score for c in results], data.labels
     else:
         index = {name: i for i, name in enumerate(labels)}
-        scores = classification_scores([index[c.label] for c in results], [index[g] for g in data.labels],
-                                       len(labels))
+        predictions, golds = [index[c.label] for c in results], [index[g] for g in data.labels]
+    scores = ClassificationTask.score(model.module.problem, predictions, golds, len(labels))
     result = {"checkpoint": str(model.path), "data": str(path), "n": len(data), **scores}
     print(json.dumps(result))
     if args.output:

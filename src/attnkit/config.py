@@ -109,8 +109,8 @@ class TrainConfig:
     keep_last: int = 5
     average_last: int = 0  # average this many last checkpoints at the end (0: off)
     init_from: str = ""  # fine-tuning: a checkpoint (or run dir) whose weights start this run; same tokenizer
-    # what ranks checkpoints for "best" and early stopping: "" the task's own (translation and captions: bleu;
-    # language models: loss; classification: accuracy, f1 for mrpc; regression: spearman), or one by name
+    # what ranks checkpoints for "best" and early stopping: "" the task's own, or another its validation reports,
+    # by name (the task declares them, attnkit.train.tasks; the trainer refuses a name its task does not report)
     best_metric: str = ""
     patience: int = 0  # stop after this many validations without a better best_metric (0: never)
     class_weights: str = "none"  # classification: none | balanced (n / (classes * count), scikit-learn's)
@@ -316,7 +316,6 @@ _CHOICES = {
     ("data", "lm_tokenizer"): ("corpus", "spm"),
     ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "linear", "constant"),
     ("train", "optimizer"): ("adam", "adamw"),
-    ("train", "best_metric"): ("", "bleu", "loss", "accuracy", "f1", "matthews", "pearson", "spearman"),
     ("train", "class_weights"): ("none", "balanced"),
     ("train", "parallel"): ("ddp", "fsdp"),
     ("train", "device"): ("auto", "cpu", "cuda"),

@@ -4,9 +4,10 @@ the metric that ranks checkpoints (as fairseq's tasks do).
 The Trainer needs, from a task: ``build_model()``; ``lengths(split)`` for bucketing; ``batch(split, indices)``
 (a batch with ``.to(device)``); ``loss(model, batch, label_smoothing)`` -> (loss to back-propagate, its
 unsmoothed value, the number of ``unit`` it sums over: target tokens, or examples); ``validate(model, device,
-max_tokens)`` -> scores named ``valid_*``; ``metric`` (the score that picks the best checkpoint, higher better
-but for ``loss``) among ``metrics``; and ``files`` to copy into every checkpoint (tokenizers, vocabularies,
-labels).
+max_tokens)`` -> scores named ``valid_*``; ``metrics``, what validation reports (each a :class:`Metric`), and
+``metric``, the name of the one that picks the best checkpoint unless ``train.best_metric`` names another; and
+``files`` to copy into every checkpoint (tokenizers, vocabularies, labels). What a metric is called and which way is
+better is the task's to say: the trainer ranks by these declarations alone.
 """
 
 from __future__ import annotations
@@ -49,13 +50,30 @@ from attnkit.models import build_model
 from attnkit.train import distributed
 
 
+@dataclass(frozen=True)
+class Metric:
+    """A score validation reports as ``valid_<name>``, and which way is better. ``fallback`` names the metric that
+    ranks checkpoints where a validation reported none of this one: BLEU needs a beam search that
+    ``train.eval_bleu = false`` skips, while the loss is always there."""
+
+    name: str
+    higher_is_better: bool
+    fallback: str = ""
+
+
+LOSS = Metric("loss", higher_is_better=False)  # the validation cross-entropy (a regressor's squared error)
+BLEU = Metric("bleu", higher_is_better=True, fallback=LOSS.name)
+CLASSIFICATION_METRICS = (Metric("accuracy", True), Metric("f1", True), Metric("matthews", True), LOSS)
+REGRESSION_METRICS = (Metric("pearson", True), Metric("spearman", True), LOSS)
+
+
 class GenerationTask:
     """What every generative family shares: teacher-forced cross-entropy over the target tokens, the
     validation loss and perplexity, then the task's own :meth:`scores`."""
 
     unit = "tokens"
-    metric = "bleu"  # where validation computes none, the loss ranks checkpoints
-    metrics = ("bleu", "loss")
+    metric = BLEU.name
+    metrics = (BLEU, LOSS)
 
     def loss(self, model, batch: Batch, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, int]:
         out = model(batch.src, batch.tgt_in, targets=batch.tgt_out, label_smoothing=label_smoothing)
@@ -215,8 +233,8 @@ class LanguageModelTask(GenerationTask):
     perplexity; character models add bits per character.
     """
 
-    metric = "loss"
-    metrics = ("loss",)
+    metric = LOSS.name
+    metrics = (LOSS,)
 
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, data_dir: str | None = None, world: int = 1,
                  rank: int = 0, texts: dict[str, list[str]] | None = None):
@@ -367,9 +385,9 @@ class ClassificationTask:
             self.labels = list(train.label_names or label_set(train))
             check_labels(valid, self.labels, train.origin or "the training file")
             self.metric = registry.data_format(cfg.data.format).metric or "accuracy"  # GLUE's figure for the task
-            self.metrics = ("accuracy", "f1", "matthews", "loss")
+            self.metrics = CLASSIFICATION_METRICS
         else:
-            self.labels, self.metric, self.metrics = ["score"], "spearman", ("pearson", "spearman", "loss")
+            self.labels, self.metric, self.metrics = ["score"], "spearman", REGRESSION_METRICS
         if valid.labels is None:
             raise AttnkitError(f"{valid.origin}: the validation file has no labels")
         self.start = registry.start(cfg.model.family)
@@ -434,16 +452,25 @@ class ClassificationTask:
                 outputs[i] = logits[row]
         return torch.stack(outputs)
 
+    @staticmethod
+    def score(problem: str, predictions: list, golds: list, n_labels: int) -> dict[str, float]:
+        """The task's metrics but the loss, of predictions against gold answers: class ids (of ``n_labels``) for
+        a classifier, scores for a regressor. Validation and ``attnkit evaluate --data`` both score here, so a
+        checkpoint's recorded scores and an evaluation of its predictions are the same figures."""
+        if problem == "regression":
+            return regression_scores(predictions, golds)
+        return classification_scores(predictions, golds, n_labels)
+
     def validate(self, model, device: torch.device, max_tokens: int) -> dict:
         logits = self.predict(model, "valid", device, max_tokens)
         gold = self.targets["valid"]
         if self.problem == "regression":
             predictions = logits[:, 0]
             loss = float(((predictions - gold) ** 2).mean())
-            scores = regression_scores(predictions.tolist(), gold.tolist())
         else:
+            predictions = logits.argmax(-1)
             loss = float(torch.nn.functional.cross_entropy(logits, gold))
-            scores = classification_scores(logits.argmax(-1).tolist(), gold.tolist(), len(self.labels))
+        scores = self.score(self.problem, predictions.tolist(), gold.tolist(), len(self.labels))
         return {"valid_loss": loss, **{f"valid_{k}": v for k, v in scores.items()}}
 
 

@@ -170,10 +170,11 @@ class Trainer:
         self.use_precision(training_precision(cfg.train.precision, self.device))
         self.rank, self.world = distributed.setup(self.device)
         self.task = task or make_task(cfg, self.run_dir, data_dir, train_pairs, valid_pairs, self.world, self.rank)
+        self.metrics = {m.name: m for m in self.task.metrics}
         self.metric = cfg.train.best_metric or self.task.metric
-        if self.metric not in self.task.metrics:
+        if self.metric not in self.metrics:
             raise AttnkitError(f"train.best_metric = {self.metric!r}: this task's validation reports "
-                               f"{', '.join(self.task.metrics)}")
+                               f"{', '.join(self.metrics)}")
         torch.manual_seed(cfg.train.seed)
         self.progress = Progress()  # before the model: train.fast's timed tricks write their decisions into it
         self.model = self.build_model()
@@ -474,15 +475,17 @@ class Trainer:
         return scores
 
     def score_value(self, scores: dict) -> float | None:
-        """What ranks checkpoints (the task's metric, or train.best_metric), higher better (the loss negated);
-        None where ``scores`` lacks it. Where validation computed no BLEU (train.eval_bleu = false), the loss."""
-        key = f"valid_{self.metric}"
-        if self.metric == "bleu" and key not in scores:
-            key = "valid_loss"
-        value = scores.get(key)
+        """What ranks checkpoints: ``valid_<name>`` of the task's metric (or train.best_metric), or of the metric
+        it falls back to where ``scores`` lacks it; None where neither is there. Higher is better: a metric the task
+        declares lower-is-better is negated, so one comparison ranks every metric, and that is the value
+        ``progress.best_score`` keeps."""
+        metric = self.metrics[self.metric]
+        if f"valid_{metric.name}" not in scores and metric.fallback:
+            metric = self.metrics[metric.fallback]
+        value = scores.get(f"valid_{metric.name}")
         if not isinstance(value, (int, float)):
             return None
-        return -value if key == "valid_loss" else value
+        return value if metric.higher_is_better else -value
 
     def is_better(self, scores: dict) -> bool:
         value = self.score_value(scores)
