@@ -321,8 +321,6 @@ _CHOICES = {
     ("train", "device"): ("auto", "cpu", "cuda"),
     ("train", "precision"): ("fp32", "bf16", "fp16", "auto"),
 }
-FAST_TRICKS = ("dropout16", "fused_loss", "fused_attention", "decoding_attention",
-               "onednn_linear")  # attnkit.fast.runtime.TRICKS
 
 
 def validate(cfg: ExperimentConfig, where: str = "config") -> None:
@@ -372,8 +370,8 @@ def validate(cfg: ExperimentConfig, where: str = "config") -> None:
         raise AttnkitError(f"{where}: train.fit_schedule = true fits the schedule to train.max_minutes, which is 0 "
                            "(no time budget)")
     for name in cfg.train.fast:
-        if name not in FAST_TRICKS:
-            raise AttnkitError(f"{where}: train.fast: {name!r} is not one of {', '.join(FAST_TRICKS)}")
+        if name not in registry.TRICKS:
+            raise AttnkitError(f"{where}: train.fast: {name!r} is not one of {', '.join(registry.TRICKS)}")
     positive = [("train", "max_tokens"), ("train", "update_freq"), ("data", "vocab_size"), ("decode", "beam_size"),
                 ("train", "lr"), ("data", "block_size")]
     for section, key in positive:

@@ -159,11 +159,16 @@ _TASKS: dict[str, Task] = {t.name: t for t in (
          "attnkit.checkpoint:classifier_model"),
 )}
 
+# the fast runtime's tricks (attnkit.fast.use), by the name ``train.fast`` gives them: each installs itself on a model
+_TRICKS: dict[str, str] = {name: f"attnkit.fast.runtime:install_{name}" for name in (
+    "dropout16", "fused_loss", "fused_attention", "decoding_attention", "onednn_linear")}
+
 # read-only views: an entry is added through register_family / register_kind / register_format only
 FAMILIES: Mapping[str, Family] = MappingProxyType(_FAMILIES)
 KINDS: Mapping[str, object] = MappingProxyType(_KINDS)
 FORMATS: Mapping[str, DataFormat] = MappingProxyType(_FORMATS)
 TASKS: Mapping[str, Task] = MappingProxyType(_TASKS)
+TRICKS: Mapping[str, str] = MappingProxyType(_TRICKS)
 
 
 def resolve(reference):

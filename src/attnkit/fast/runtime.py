@@ -1,4 +1,4 @@
-"""The fast runtime's registry: every speed trick that changes how a model computes, selected by name.
+"""The fast runtime's tricks that change how a model computes, each installed by name (:data:`attnkit.registry.TRICKS`).
 
 ``use(model, *names)`` installs the named tricks on a model (in place; its weights, results and checkpoints stay
 the same, which the tests check trick by trick against the core):
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from attnkit import registry
 from attnkit.fast.attention import make_kernel
 from attnkit.fast.dropout import Dropout16
 from attnkit.fast.linear import OneDNNLinear, onednn_linear, onednn_pays, relinked
@@ -39,14 +40,14 @@ TRAINING = ("dropout16", "fused_loss", "fused_attention", "decoding_attention", 
 """What ``attnkit train`` and the recipes run (decoding attention serves their validation BLEU)."""
 
 
-def _dropout16(model: nn.Module, choices: dict[str, bool]) -> None:
+def install_dropout16(model: nn.Module, choices: dict[str, bool]) -> None:
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if type(child) is nn.Dropout:
                 setattr(parent, name, Dropout16(child.p).train(child.training))
 
 
-def _fused_loss(model: nn.Module, choices: dict[str, bool]) -> None:
+def install_fused_loss(model: nn.Module, choices: dict[str, bool]) -> None:
     for module in model.modules():
         if hasattr(type(module), "projected_loss"):  # the loss slot a model declares
             module.projected_loss = projected_smoothed_cross_entropy
@@ -74,7 +75,7 @@ def _linear_layers(model: nn.Module):
             if isinstance(child, nn.Linear)]
 
 
-def _onednn_linear(model: nn.Module, choices: dict[str, bool]) -> None:
+def install_onednn_linear(model: nn.Module, choices: dict[str, bool]) -> None:
     layers = [(p, n, c) for p, n, c in _linear_layers(model) if type(c) is nn.Linear]
     if not layers:
         return
@@ -89,13 +90,9 @@ def _onednn_linear(model: nn.Module, choices: dict[str, bool]) -> None:
                 module.linear = onednn_linear
 
 
-TRICKS = {
-    "dropout16": _dropout16,
-    "fused_loss": _fused_loss,
-    "fused_attention": _attention(fused=True),
-    "decoding_attention": _attention(decoding=True),
-    "onednn_linear": _onednn_linear,
-}
+install_fused_attention = _attention(fused=True)
+install_decoding_attention = _attention(decoding=True)
+TRICKS = registry.TRICKS  # the tricks by name, each naming its install_<name> function here
 
 
 def use(model: nn.Module, *names: str, choices: dict[str, bool] | None = None) -> nn.Module:
@@ -105,7 +102,7 @@ def use(model: nn.Module, *names: str, choices: dict[str, bool] | None = None) -
     for name in names:
         if name not in TRICKS:
             raise ValueError(f"unknown fast-runtime trick {name!r} (one of {', '.join(TRICKS)})")
-        TRICKS[name](model, choices)
+        registry.resolve(TRICKS[name])(model, choices)
     return model
 
 
