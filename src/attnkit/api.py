@@ -231,15 +231,29 @@ class Model:
         return result[0] if one else result
 
     def generate(self, prompt: str = "", max_new_tokens: int = 200, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = None, on_text=None) -> str:
-        """Continue ``prompt`` (a language model): the prompt and its continuation as text. ``on_text`` receives
-        the text piece by piece as it is sampled."""
+                 top_p: float = 1.0, seed: int | None = None, on_text=None, on_step=None, need_weights: bool = False,
+                 details: bool = False):
+        """Continue ``prompt`` (a language model): the prompt and its continuation as text (``details``: the
+        :class:`~attnkit.decode.Completion`, its hypothesis's tokens and log-probabilities). ``on_text`` receives
+        the text piece by piece as it is sampled.
+
+        ``on_step(step, attention)`` watches every step (:class:`~attnkit.decode.search.SearchStep`, and with
+        ``need_weights`` the step's causal attention over the text so far), where the prompt and the new tokens fit
+        the model's positions in one window (:func:`~attnkit.decode.lm.fits_one_window`); past that the text goes
+        on in a sliding window and only ``on_text`` streams."""
         from attnkit.decode import complete
+        from attnkit.decode.lm import complete_stepwise, fits_one_window
 
         self.require("generate")
         self.kind.check(self, [prompt])
-        return complete(self.decoder, self.tokenizers, prompt, max_new_tokens, temperature, top_k, top_p, seed,
-                        on_text=on_text).text
+        prompt_tokens = len(self.tokenizers.encode([prompt])[0])
+        if on_step is not None and fits_one_window(self.module, prompt_tokens, max_new_tokens):
+            out = complete_stepwise(self.decoder, self.tokenizers, prompt, max_new_tokens, temperature, top_k, top_p,
+                                    seed, need_weights=need_weights, on_step=on_step)
+        else:
+            out = complete(self.decoder, self.tokenizers, prompt, max_new_tokens, temperature, top_k, top_p, seed,
+                           on_text=on_text)
+        return out if details else out.text
 
     def caption(self, images, beam: int | None = None, details: bool = False):
         """Caption image files (a path -> a string, a list -> a list of strings); ``details`` returns

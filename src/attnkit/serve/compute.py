@@ -333,58 +333,46 @@ def _top(tok, log_probs: torch.Tensor, body) -> list[list]:
 
 
 def run_generate(job: Job, settings) -> dict:
-    from attnkit.decode import complete
-    from attnkit.decode.search import sample
+    from attnkit.decode.lm import fits_one_window
 
     body, m = job.payload, job.served
     model, tok = m.model, m.model.tokenizers
     ids = tok.encode([body.prompt])[0]
     window = learned_positions(model)
-    steps = len(ids) + body.max_tokens + 1
-    generator = None if body.seed is None else torch.Generator().manual_seed(body.seed)
-    if (body.stream or body.top or body.attention) and (window is None or steps <= window):
-        # the one window of attnkit.decode.complete, with each step seen
-        shown = [tok.decode(ids)]
+    shown, count = [tok.decode(ids)], [0]
 
-        def on_step(step) -> None:
-            if job.cancelled:
-                raise Abandoned
-            j = step.t - len(ids)
-            token = int(step.tokens[0])
-            if j < 0 or token == EOS or not body.stream:
+    def on_step(step, attention) -> None:  # one window: each step seen, with its attention and candidates
+        if job.cancelled:
+            raise Abandoned
+        j = step.t - len(ids)
+        token = int(step.tokens[0])
+        if j < 0 or token == EOS or not body.stream:
+            return
+        text = tok.decode(step.history[0].tolist())
+        event = {"step": j, "token": tok.id_to_piece([token])[0], "text": text[len(shown[0]):]
+                 if text.startswith(shown[0]) else text}
+        shown[0] = text
+        if attention is not None:
+            event["attention"] = _rounded(attention)
+        if body.top and step.log_probs is not None:
+            event["top"] = _top(tok, step.log_probs[0], body)
+        job.emit("step", event)
+
+    def on_text(piece: str) -> None:  # a sliding window: the text as it grows
+        if job.cancelled:
+            raise Abandoned
+        if body.stream:
+            if count[0] == 0 and ids:  # the prompt, as the model read it: not a new token
+                count[0] = -1
                 return
-            text = tok.decode(step.history[0].tolist())
-            event = {"step": j, "token": tok.id_to_piece([token])[0], "text": text[len(shown[0]):]
-                     if text.startswith(shown[0]) else text}
-            shown[0] = text
-            if body.attention and decoder.attention is not None:
-                event["attention"] = _rounded(decoder.attention[0])
-            if body.top and step.log_probs is not None:
-                event["top"] = _top(tok, step.log_probs[0], body)
-            job.emit("step", event)
+            job.emit("step", {"step": max(count[0], 0), "token": piece, "text": piece})
+            count[0] = max(count[0], 0) + 1
 
-        decoder = _Watched(model.decoder) if body.attention else model.decoder
-        decoder.eval()
-        state = decoder.init_state(decoder.encode(torch.zeros(1, 0, dtype=torch.long)))
-        hyp = sample(decoder, state, torch.tensor([steps]), body.temperature, body.top_k, body.top_p, generator,
-                     prefix=torch.tensor([ids], dtype=torch.long).view(1, -1), on_step=on_step)[0]
-        all_ids, log_probs = hyp.tokens, hyp.log_probs
-    else:
-        count = [0]
-
-        def on_text(piece: str) -> None:
-            if job.cancelled:
-                raise Abandoned
-            if body.stream:
-                if count[0] == 0 and ids:  # the prompt, as the model read it: not a new token
-                    count[0] = -1
-                    return
-                job.emit("step", {"step": max(count[0], 0), "token": piece, "text": piece})
-                count[0] = max(count[0], 0) + 1
-
-        c = complete(model.decoder, tok, body.prompt, body.max_tokens, body.temperature, body.top_k, body.top_p,
-                     body.seed, on_text=on_text)  # on_text also stops it once the request has left
-        all_ids, log_probs = c.hypothesis.tokens, c.hypothesis.log_probs
+    watched = (body.stream or body.top or body.attention) and fits_one_window(model.module, len(ids), body.max_tokens)
+    c = model.generate(body.prompt, body.max_tokens, body.temperature, body.top_k, body.top_p, body.seed,
+                       on_text=on_text, on_step=on_step if watched else None, need_weights=body.attention,
+                       details=True)  # on_text and on_step also stop it once the request has left
+    all_ids, log_probs = c.hypothesis.tokens, c.hypothesis.log_probs
     new = all_ids[len(ids):]
     text, prompt_text = tok.decode(all_ids), tok.decode(ids)
     out = {"model": m.name, "text": text,
@@ -393,35 +381,6 @@ def run_generate(job: Job, settings) -> dict:
     if body.top:
         out["steps"] = _steps_top(model, tok, ids, new, body, window)
     return out
-
-
-class _Watched(torch.nn.Module):
-    """A language model's decoder whose steps compute their attention and keep it (``attention``, [N, t + 1]) for
-    the stream, but hand the search none: a language model's rows grow a position each step, which the
-    search's per-hypothesis attention (one width for all steps) does not hold."""
-
-    def __init__(self, decoder):
-        super().__init__()
-        self.decoder, self.attention = decoder, None
-
-    def encode(self, source):
-        return self.decoder.encode(source)
-
-    def init_state(self, memory):
-        return self.decoder.init_state(memory)
-
-    def step(self, tokens, state, need_weights: bool = False, **options):
-        """The decoder's step with its attention kept; ``options`` go to it (the fast runtime's search steps ask
-        for ``logits=True``)."""
-        out, state, self.attention = self.decoder.step(tokens, state, True, **options)
-        return out, state, None
-
-    def search_steps(self) -> dict:
-        """The decoder's own search steps (its ranking), over this step."""
-        from functools import partial
-
-        return {name: partial(fn.func, self.step, *fn.args[1:], **fn.keywords)
-                for name, fn in self.decoder.search_steps().items() if isinstance(fn, partial)}
 
 
 def _steps_top(model, tok, ids: list[int], new: list[int], body, window) -> list[dict]:
