@@ -50,9 +50,11 @@ TRANSLATION = [
     ("multi30k_en_de_rnnsearch", "RNNsearch", "make multi30k-rnnsearch"),
     ("multi30k_en_de_rnnencdec", "RNNencdec, no attention", "make multi30k-rnnencdec"),
 ]
+# and the protocol its target's published figure is scored by (LM_PUBLISHED_PROTOCOL), which its verdict is on:
+# nanoGPT's figure is over blocks, the literature's word-level perplexities give every word its context
 LANGUAGE_MODELS = [
-    ("tinyshakespeare_char", "Tiny Shakespeare, characters", "make tinyshakespeare"),
-    ("wikitext2_word", "WikiText-2, words", "make wikitext2"),
+    ("tinyshakespeare_char", "Tiny Shakespeare, characters", "make tinyshakespeare", "blocks"),
+    ("wikitext2_word", "WikiText-2, words", "make wikitext2", "sliding_window/0"),
 ]
 # the COCO caption evaluation (pycocoevalcap) a captioning JSON may hold under metrics.coco: key -> name
 COCO = {"bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4", "meteor": "METEOR",
@@ -474,8 +476,19 @@ CAPTIONING = [("flickr8k_sat", "Show, Attend and Tell", "make flickr8k"),
               ("flickr8k_transformer", "Transformer captioner", "make flickr8k-transformer")]
 
 
+# the split the captioning recipes validate on and whose scores chose among the recipe's versions (the rows of
+# the table): a score there is no held-out figure; the test split's would be
+CAPTION_SELECTION_SPLIT = "dev"
+
+
+def _selected_on(m: dict) -> bool:
+    """Whether a captioning JSON scores the split the recipe's versions were chosen on."""
+    return CAPTION_SELECTION_SPLIT in str(m.get("split") or "").split()
+
+
 def _caption_target(m: dict) -> str:
-    """The published figure a captioner is held to, in the COCO evaluation, and whether the run met it."""
+    """The published figure a captioner is held to, in the COCO evaluation, and whether the run met it; on the
+    split that chose among the recipe's versions, said as such."""
     t = m.get("target") or {}
     if t.get("bleu4") is None:
         return text(t.get("published")) if t else NOT_RECORDED
@@ -485,7 +498,11 @@ def _caption_target(m: dict) -> str:
     judged = [(get(m, "coco", k), t.get(k)) for k in ("bleu4", "meteor")]
     if any(value is None or bound is None for value, bound in judged):
         return f"{goal}: {NOT_RECORDED}"
-    return f"{goal}: {'met' if all(value >= bound for value, bound in judged) else 'missed'}"
+    verdict = "met" if all(value >= bound for value, bound in judged) else "missed"
+    if _selected_on(m):
+        return (f"{goal}: {verdict} on {CAPTION_SELECTION_SPLIT}, which chose among the recipe's versions and so is "
+                "not held out; no test score is recorded")
+    return f"{goal}: {verdict}"
 
 
 def _missing_row(label: str, target: str, name: str, columns: int) -> str:
@@ -513,7 +530,8 @@ def block_captioning(results: dict) -> str:
                     counted(minutes(r), "training minutes"), counted(number(r.get("steps"), 0), "steps"),
                     counted(epochs(r), "epochs"),
                     counted(minutes(r, "wall_minutes_including_feature_extraction"), "wall minutes in all")]
-        rows.append(f"| {label} (`{target}`) | {text(m.get('split'))} | **{scores}** | "
+        split = text(m.get("split")) + ("; model selection, not held out" if _selected_on(m) else "")
+        rows.append(f"| {label} (`{target}`) | {split} | **{scores}** | "
                     f"{coco(m.get('coco')) or NOT_RECORDED} | {_caption_target(m)} | {number(r.get('beam'), 0)} | "
                     f"{text(r.get('checkpoint'))} | {', '.join(training)} | {link(name, '../bench/results/')} |")
         definitions.setdefault("BLEU", m.get("bleu_definition"))
@@ -527,24 +545,52 @@ def block_captioning(results: dict) -> str:
         if also:
             others.append(f"{label}, the other checkpoints on the same split: " + ", ".join(also) + ".")
     lines = [*rows, ""]
+    if any(_selected_on(results[name].get("metrics", {})) for name, *_ in CAPTIONING if name in results):
+        lines.append(f"The {CAPTION_SELECTION_SPLIT} split also chose among the recipe's versions (the Show, Attend "
+                     "and Tell rows) and is where each captioner validates during training, so no score on it is "
+                     "held out; the held-out split is test, which these JSONs do not score.")
     lines += [f"{what}: {text(definition)}." for what, definition in definitions.items()]
     return "\n".join(lines + others) + "\n"
 
 
-def _lm_result(m: dict) -> str:
-    window = (m.get("sliding_window") or [{}])[0]
-    sliding = f"window {number(window.get('window'), 0)}, stride {number(window.get('stride'), 0)}"
-    if m.get("valid_bpc") is not None:  # characters: the loss and bits per character
-        return (f"validation loss **{number(m.get('valid_loss'), 3)}** ({number(m.get('valid_bpc'), 3)} bits per "
-                f"character) over disjoint blocks; {number(window.get('valid_loss'), 3)} "
-                f"({number(window.get('valid_bpc'), 3)} bits per character) with a sliding window ({sliding})")
+# how a language model's validation split is scored: the figure each protocol gives, in the JSON's metrics
+def _lm_figures(r: dict, m: dict) -> list[tuple[str, str, dict | None]]:
+    """(protocol, how it scores, its figure) for each protocol a language-model JSON records: disjoint blocks (the
+    metrics' own figures), each sliding window, and the continuous cache over a sliding window."""
+    unit = "characters" if m.get("valid_bpc") is not None else "words"
+    size = get(r, "config", "data", "block_size")
+    figures = [("blocks", f"disjoint blocks of {number(size, 0)} {unit}" if size is not None else "disjoint blocks",
+                m)]
+    for i, w in enumerate(m.get("sliding_window") or [{}]):
+        figures.append((f"sliding_window/{i}", f"a sliding window (window {number(w.get('window'), 0)}, stride "
+                        f"{number(w.get('stride'), 0)})", w or None))
     cache = m.get("continuous_cache")
-    return (f"validation perplexity **{number(m.get('valid_ppl'), 1)}** over disjoint blocks; "
-            f"**{number(window.get('valid_ppl'), 1)}** with a sliding window ({sliding})"
-            + (f"; **{number(cache.get('valid_ppl'), 1)}** with a continuous cache over it" if cache else ""))
+    if cache:
+        figures.append(("continuous_cache", f"a continuous cache over the sliding window (window "
+                        f"{number(cache.get('window'), 0)}, stride {number(cache.get('stride'), 0)}), its settings "
+                        f"chosen on this split", cache))
+    return figures
 
 
-def _target(m: dict) -> str:
+def _lm_result(m: dict, figure: dict | None, judged: bool) -> str:
+    """The figure a protocol gives: the loss and bits per character for characters, the perplexity for words; bold
+    where the row holds the target's verdict."""
+    figure = figure or {}
+    if m.get("valid_bpc") is not None:  # characters
+        return (f"validation loss {number(figure.get('valid_loss'), 3, bold=judged)} "
+                f"({number(figure.get('valid_bpc'), 3)} bits per character)")
+    return f"validation perplexity {number(figure.get('valid_ppl'), 1, bold=judged)}"
+
+
+# the protocol of the published figure a language model's target is held to, and how the other rows are told apart
+# from it: nanoGPT's estimate_loss averages the loss over blocks of its context, the literature's word-level
+# perplexities give every word its context, as a sliding window does
+LM_PUBLISHED_PROTOCOL = {"blocks": "over blocks", "sliding_window/0": "with every token given its context"}
+LM_PROTOCOL_ROW = {"blocks": "the disjoint blocks' row", "sliding_window/0": "the sliding window's row"}
+
+
+def _target(m: dict, figure: dict | None, protocol: str) -> str:
+    """The target's goal and the verdict on ``figure``, scored by ``protocol``: the published figure's own."""
     t = m.get("target") or {}
     goal = [f"validation loss at most {number(t['valid_loss'], 2)}" if t.get("valid_loss") is not None else "",
             f"validation perplexity at most {number(t['valid_ppl'], 1)}" if t.get("valid_ppl") is not None else ""]
@@ -553,17 +599,21 @@ def _target(m: dict) -> str:
         return NOT_RECORDED
     goal += f" within {number(t['train_minutes'], 0)} training minutes" if t.get("train_minutes") else ""
     goal += f" ({text(t['published'])})" if t.get("published") else ""
-    # judged on the full-context figure (the sliding window, as published perplexities are) where there is one
-    window = (m.get("sliding_window") or [m])[0]
-    judged = [(window.get(k), t[k]) for k in ("valid_loss", "valid_ppl") if t.get(k) is not None]
+    judged = [((figure or {}).get(k), t[k]) for k in ("valid_loss", "valid_ppl") if t.get(k) is not None]
     if any(value is None for value, _ in judged):
-        return f"{goal}: {NOT_RECORDED}"
+        return (f"{goal}: {NOT_RECORDED} {LM_PUBLISHED_PROTOCOL[protocol]}, as the target is scored; no other "
+                "protocol's figure is compared with it")
     verdict = "met" if all(value <= bound for value, bound in judged) else "missed"
-    verdict += " (sliding window)" if m.get("sliding_window") else ""
-    cache = m.get("continuous_cache")
-    if cache and t.get("valid_ppl") is not None and cache.get("valid_ppl") is not None:
-        verdict += f"; {'met' if cache['valid_ppl'] <= t['valid_ppl'] else 'missed'} with the continuous cache"
-    return f"{goal}: {verdict}"
+    return f"{goal}: {verdict}, scored {LM_PUBLISHED_PROTOCOL[protocol]} as the target is"
+
+
+def _lm_unjudged(protocol: str, judged_on: str) -> str:
+    """The target cell of a row scored by another protocol than the published figure's."""
+    if protocol == "continuous_cache":
+        return ("none: the cache's settings were chosen on this split (each half with the other half's best), so "
+                "its figure is not held out and is not held to the target; the model alone is")
+    return (f"none: a different protocol from the target's, which is scored {LM_PUBLISHED_PROTOCOL[judged_on]} "
+            f"({LM_PROTOCOL_ROW[judged_on]}); not comparable with it")
 
 
 def _cache_note(label: str, cache: dict) -> str:
@@ -577,18 +627,24 @@ def _cache_note(label: str, cache: dict) -> str:
 
 
 def block_language_models(results: dict) -> str:
-    rows = ["| recipe | split | result | target | parameters | training | JSON |", "|---|---|---|---|---|---|---|"]
+    rows = ["| recipe | split | protocol | result | target | parameters | training | JSON |",
+            "|---|---|---|---|---|---|---|---|"]
     notes = []
-    for name, label, target in LANGUAGE_MODELS:
+    for name, label, target, judged_on in LANGUAGE_MODELS:
         r = results.get(name)
         if r is None:
-            rows.append(_missing_row(label, target, name, 5))
+            rows.append(_missing_row(label, target, name, 6))
             continue
         m = r.get("metrics", {})
         training = [counted(minutes(r), "training minutes"), counted(number(r.get("step"), 0), "steps"),
                     counted(epochs(r), "epochs"), counted(number(r.get("tokens_per_s"), 0), "tokens/s")]
-        rows.append(f"| {label} (`{target}`) | {text(r.get('split'))} | {_lm_result(m)} | {_target(m)} | "
-                    f"{number(r.get('parameters'), 0)} | {', '.join(training)} | {link(name, '../bench/results/')} |")
+        run = [number(r.get("parameters"), 0), ", ".join(training)]
+        for protocol, how, figure in _lm_figures(r, m):
+            judged = protocol == judged_on
+            verdict = _target(m, figure, protocol) if judged else _lm_unjudged(protocol, judged_on)
+            rows.append(f"| {label} (`{target}`) | {text(r.get('split'))} | {how} | {_lm_result(m, figure, judged)} | "
+                        f"{verdict} | {' | '.join(run)} | {link(name, '../bench/results/')} |")
+            run = ["the same run", "the same run"]
         if m.get("continuous_cache"):
             notes.append(_cache_note(label, m["continuous_cache"]))
     return "\n".join(rows + ([""] + notes if notes else [])) + "\n"
@@ -741,11 +797,11 @@ def block_readme(results: dict) -> str:
                 if m.get("coco") else f"BLEU-1 {number(m.get('bleu1'))}, BLEU-4 {number(m.get('bleu4'))}")
                 + f" (dev, beam {number(r.get('beam'), 0)})", trained)
     row("tinyshakespeare_char", "Tiny Shakespeare, character GPT",
-        lambda r, m: f"validation loss {number(m.get('valid_loss'), 3)}"
-        f"; {number(get(m, 'sliding_window', default=[{}])[0].get('valid_loss'), 3)} with a sliding window", trained)
+        lambda r, m: f"validation loss {number(m.get('valid_loss'), 3)} (blocks)"
+        f"; {number(get(m, 'sliding_window', default=[{}])[0].get('valid_loss'), 3)} (sliding window)", trained)
     row("wikitext2_word", "WikiText-2, word GPT", lambda r, m: "validation perplexity "
         f"{number(get(m, 'sliding_window', default=[{}])[0].get('valid_ppl'), 1)} (sliding window)"
-        + (f", {number(get(m, 'continuous_cache', 'valid_ppl'), 1)} with a continuous cache"
+        + (f"; {number(get(m, 'continuous_cache', 'valid_ppl'), 1)} (valid-tuned cache)"
            if m.get("continuous_cache") else ""), trained)
     row("transfer", "transfer to Tiny Shakespeare", lambda r, m: f"validation loss "
         f"{number(m.get('finetune_valid_loss'), 3)} fine-tuned vs {number(m.get('scratch_valid_loss'), 3)} "

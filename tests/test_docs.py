@@ -378,6 +378,70 @@ def test_results_render_what_a_json_records_and_only_that(tmp_path):
         results.main(["--check", "--root", str(root)])
 
 
+def _rows(page: str, label: str) -> dict[str, list[str]]:
+    """The table rows of docs/results.md that start with ``label``, by their third cell (the protocol), as cells."""
+    rows = [line.strip("|").split(" | ") for line in page.splitlines() if line.startswith(f"| {label}")]
+    return {cells[2].strip(): [c.strip() for c in cells] for cells in rows}
+
+
+def test_a_verdict_compares_like_with_like(tmp_path):
+    """A language model's target is judged on the protocol of the published figure it was set from, each other
+    protocol is a row of its own with no verdict, the continuous cache (tuned on the split it scores) is never held to
+    the target, and a captioning score on the split that chose among the recipe's versions says it is not held out."""
+    results = _results_module()
+    root = _copy_for_results(tmp_path)
+
+    def tiny(edit):
+        _edit_json(root, "tinyshakespeare_char", edit)
+        assert results.main(["--root", str(root)]) == 0
+        assert exact_source_problems(root) == []
+        page = (root / "docs" / "results.md").read_text(encoding="utf-8")
+        return _rows(page, "Tiny Shakespeare, characters"), page
+
+    # nanoGPT's figure is over blocks: the disjoint blocks decide, however the sliding window reads
+    def blocks_meet(r):
+        r["metrics"]["valid_loss"] = 1.46
+        r["metrics"]["sliding_window"][0]["valid_loss"] = 1.5
+    rows, page = tiny(blocks_meet)
+    blocks = next(cells for how, cells in rows.items() if how.startswith("disjoint blocks"))
+    window = next(cells for how, cells in rows.items() if how.startswith("a sliding window"))
+    assert blocks[3].startswith("validation loss **1.460**") and blocks[4].endswith("met, scored over blocks as the "
+                                                                                     "target is")
+    assert window[3].startswith("validation loss 1.500") and window[4].startswith("none: a different protocol")
+    assert "not comparable" in window[4] and "met" not in window[4].split(":")[0]
+
+    def blocks_miss(r):
+        r["metrics"]["valid_loss"] = 1.48
+        r["metrics"]["sliding_window"][0]["valid_loss"] = 1.4
+    rows, _ = tiny(blocks_miss)
+    verdicts = [cells[4] for cells in rows.values()]
+    assert sum(v.endswith(": missed, scored over blocks as the target is") for v in verdicts) == 1
+    assert not any(v.endswith("met") or ": met" in v for v in verdicts)
+
+    # no figure over blocks: the verdict says so and compares no other protocol's figure with the target
+    rows, _ = tiny(lambda r: r["metrics"].pop("valid_loss"))
+    blocks = next(cells for how, cells in rows.items() if how.startswith("disjoint blocks"))
+    assert blocks[4].endswith("not recorded over blocks, as the target is scored; no other protocol's figure is "
+                              "compared with it")
+    assert not any(": met" in cells[4] or ": missed" in cells[4] for cells in rows.values())
+
+    # WikiText-2: the cache's figure meets the target, the model's alone does not; the verdict is the model's
+    page = (root / "docs" / "results.md").read_text(encoding="utf-8")
+    rows = _rows(page, "WikiText-2, words")
+    cache = next(cells for how, cells in rows.items() if "continuous cache" in how)
+    window = next(cells for how, cells in rows.items() if how.startswith("a sliding window"))
+    assert cache[4].startswith("none: the cache's settings were chosen on this split") and "met" not in cache[4]
+    assert window[4].endswith(": missed, scored with every token given its context as the target is")
+    assert sum(": met" in cells[4] or ": missed" in cells[4] for cells in rows.values()) == 1
+
+    # Flickr8k: dev chose among the recipe's versions, and the table says so where it gives a dev score a verdict
+    sat = next(line for line in page.splitlines() if line.startswith("| Show, Attend and Tell (`make flickr8k`)"))
+    cells = [c.strip() for c in sat.strip("|").split(" | ")]
+    assert cells[1].endswith("; model selection, not held out")
+    assert "met on dev, which chose among the recipe's versions and so is not held out" in cells[4]
+    assert "The dev split also chose among the recipe's versions" in page
+
+
 # --- every config key and CLI option the docs and the configs' comments name exists
 
 SECTION_KEY = re.compile(r"(?<![\w.$/-])(model|data|train|decode)\.([A-Za-z_]\w*)(?![\w(])")
