@@ -78,6 +78,11 @@ class InputKind:
         """Tokens one input may have on a server (None: not a text)."""
         return None
 
+    def count_tokens(self, model, values: list, settings, field: str) -> list[int]:
+        """Each input's tokens (a batch's budget); :class:`RequestError` 413 naming ``field`` (``field[i]``) for
+        one past :meth:`token_limit`."""
+        raise RequestError(422, f"{field}: a {model.family} model reads {self.title}s, not texts")
+
     def read_request(self, model, body, settings, name: str):
         """One input from a JSON body (``/v1/attention``): the value :meth:`encode` takes. Raises
         :class:`RequestError` (422, 413) naming the field."""

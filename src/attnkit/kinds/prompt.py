@@ -38,21 +38,24 @@ class PromptKind(InputKind):
         limit = settings.max_source_tokens * 4 if positions is None else positions - 2
         return min(limit, model.config.decode.max_source_tokens)
 
-    def count_tokens(self, model, text: str, settings, field: str = "prompt") -> int:
-        """A language model's text: its tokens must fit the model's positions (with BOS and one more)."""
-        n = len(model.tokenizers.encode([text])[0])
+    def count_tokens(self, model, texts: list[str], settings, field: str = "prompt") -> list[int]:
+        """Each text's tokens; 413 past what fits the model's positions (with BOS and one more), naming ``field``
+        (a request's one text: "prompt", "source") or ``field[i]`` (one of a list: "targets")."""
         limit = self.token_limit(model, settings)
-        if n > limit:
-            raise RequestError(413, f"{field}: {n} tokens, more than {limit} (the model's positions, with BOS and "
-                                    "one new token)" if learned_positions(model) else
-                               f"{field}: {n} tokens, more than this server's limit of {limit}")
-        return n
+        counts = [len(ids) for ids in model.tokenizers.encode(list(texts))]
+        for i, n in enumerate(counts):
+            where = field if field in ("prompt", "source") else f"{field}[{i}]"
+            if n > limit:
+                raise RequestError(413, f"{where}: {n} tokens, more than {limit} (the model's positions, with BOS "
+                                        "and one new token)" if learned_positions(model) else
+                                   f"{where}: {n} tokens, more than this server's limit of {limit}")
+        return counts
 
     def read_request(self, model, body, settings, name: str):
         if getattr(body, "image", None) is not None:
             raise RequestError(422, f"image: {name} is a {model.family} model: send source, not an image")
         value = super().read_request(model, body, settings, name)
-        self.count_tokens(model, value if body.target is None else body.target, settings, "source")
+        self.count_tokens(model, [value if body.target is None else body.target], settings, "source")
         return value
 
     def attention_schema(self, model, settings) -> tuple[dict, list[str]]:
@@ -63,8 +66,7 @@ class PromptKind(InputKind):
     def check_score(self, model, sources, targets, settings, name: str) -> None:
         if sources is not None:
             raise RequestError(422, f"sources: {name} is a language model: send targets (its texts) alone")
-        for i, t in enumerate(targets):
-            self.count_tokens(model, t, settings, f"targets[{i}]")
+        self.count_tokens(model, list(targets), settings, "targets")
 
     def score_schema(self, model, settings):
         return ({"sources": schema.NULL,

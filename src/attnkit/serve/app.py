@@ -361,7 +361,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
         if body.max_tokens > settings.max_new_tokens:
             raise ApiError(413, f"max_tokens: {body.max_tokens} is more than this server's limit of "
                                 f"{settings.max_new_tokens}")
-        m.model.kind.count_tokens(m.model, body.prompt, settings)
+        m.model.kind.count_tokens(m.model, [body.prompt], settings, "prompt")
         j = job("generate", m, body, streaming=body.stream)
         return stream(j) if body.stream else await run(j, request)
 
