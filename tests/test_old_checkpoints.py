@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 import attnkit
+from attnkit import registry
 from attnkit.checkpoint import load_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints_0_1"
 CHECKPOINTS = sorted(p for p in FIXTURES.iterdir() if p.is_dir())
-FAMILIES = {"transformer", "conv_transformer", "rnn_encdec", "rnnsearch", "show_attend_tell",
-            "transformer_captioner", "transformer_lm"}
+FAMILIES = {name for name, f in registry.FAMILIES.items() if f.in_0_1}
 
 
 def test_every_family_has_a_fixture():

@@ -49,7 +49,8 @@ class Family:
     ``""``, they cannot be. ``exports``: the formats ``attnkit export --to`` writes it in. ``alignment``: its
     attention is one distribution over the source per output step (Bahdanau et al.'s alignment,
     Show-Attend-Tell's), not layers of heads. ``pretrained``: a classifier's start (:mod:`attnkit.pretrained`).
-    ``legacy_names``: {a key as attnkit 0.1's checkpoints named it: this family's name for it}."""
+    ``legacy_names``: {a key as attnkit 0.1's checkpoints named it: this family's name for it}; ``in_0_1``: attnkit
+    0.1 wrote checkpoints of it, which load today (tests/test_old_checkpoints.py holds one of each)."""
 
     name: str
     config: str | type
@@ -63,6 +64,7 @@ class Family:
     alignment: bool = False
     pretrained: str = ""
     legacy_names: Mapping[str, str] = field(default_factory=dict)
+    in_0_1: bool = False  # attnkit 0.1 wrote checkpoints of it (one [model] table for every family: legacy_names)
 
     @property
     def decodes(self) -> bool:
@@ -105,20 +107,21 @@ _ENCDEC_0_1 = {"d_model": "embedding_size", "d_ff": "hidden_size"}
 
 _FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("transformer", "attnkit.models.transformer:TransformerConfig", "attnkit.models.transformer:Transformer",
-           "translation", "text", masks_source="tokens", exports=("huggingface", "ctranslate2", "onnx")),
+           "translation", "text", masks_source="tokens", exports=("huggingface", "ctranslate2", "onnx"), in_0_1=True),
     Family("conv_transformer", "attnkit.models.conv:ConvTransformerConfig", "attnkit.models.conv:ConvTransformer",
-           "translation", "text", masks_source="tokens"),
+           "translation", "text", masks_source="tokens", in_0_1=True),
     Family("rnn_encdec", "attnkit.models.rnn:RNNEncDecConfig", "attnkit.models.rnn:RNNEncDec", "translation", "text",
-           legacy_names=_ENCDEC_0_1),
+           legacy_names=_ENCDEC_0_1, in_0_1=True),
     Family("rnnsearch", "attnkit.models.rnn:RNNSearchConfig", "attnkit.models.rnn:RNNSearch", "translation", "text",
-           masks_source="memory", alignment=True, legacy_names=_ENCDEC_0_1),
+           masks_source="memory", alignment=True, legacy_names=_ENCDEC_0_1, in_0_1=True),
     Family("show_attend_tell", "attnkit.models.captioner:ShowAttendTellConfig",
            "attnkit.models.captioner:build_show_attend_tell", "captioning", "image", alignment=True,
-           legacy_names={"d_model": "hidden_size", "d_ff": "attention_size"}),
+           legacy_names={"d_model": "hidden_size", "d_ff": "attention_size"}, in_0_1=True),
     Family("transformer_captioner", "attnkit.models.captioner:TransformerCaptionerConfig",
-           "attnkit.models.captioner:build_transformer_captioner", "captioning", "image", masks_source="memory"),
+           "attnkit.models.captioner:build_transformer_captioner", "captioning", "image", masks_source="memory",
+           in_0_1=True),
     Family("transformer_lm", "attnkit.models.lm:LMConfig", "attnkit.models.lm:build_language_model",
-           "language_model", "prompt", legacy_names={"n_decoder_layers": "n_layers"}),
+           "language_model", "prompt", legacy_names={"n_decoder_layers": "n_layers"}, in_0_1=True),
     Family("bert_classifier", "attnkit.models.classifier:BertClassifierConfig",
            "attnkit.models.classifier:build_classifier", "classification", "sentences", output="label",
            exports=("huggingface", "onnx"), pretrained="attnkit.pretrained:BERT"),
