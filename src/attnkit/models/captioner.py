@@ -91,7 +91,6 @@ class ShowAttendTell(GenerativeModel):
     Sizes: word embedding and LSTM both ``hidden_size``; attention MLP ``attention_size``; features ``d_feature``.
     """
 
-    family = "show_attend_tell"
     capabilities = frozenset({"caption", "score", "attention"})
 
     def __init__(self, cfg: ShowAttendTellConfig, vocab_size: int):
@@ -170,7 +169,6 @@ class TransformerCaptioner(EncoderDecoder):
     """Self-attention over the image grid (the lectures' "self-attention module" on image features),
     feeding the Transformer decoder. The grid cells get a learned position each, like patches."""
 
-    family = "transformer_captioner"
     capabilities = frozenset({"caption", "score", "attention"})
 
     def __init__(self, cfg: TransformerCaptionerConfig, vocab_size: int, n_cells: int = 49):

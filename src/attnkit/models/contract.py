@@ -98,8 +98,12 @@ class DecodingState:
 class GenerativeModel(nn.Module):
     """The base of every family that generates a sequence token by token."""
 
-    family: ClassVar[str] = ""
     capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def family(self) -> str:
+        """The family's name, as its config (``cfg``) names it (:mod:`attnkit.registry`)."""
+        return self.cfg.family
 
     def encode(self, source: Tensor):
         raise NotImplementedError

@@ -81,7 +81,6 @@ class ConvTransformer(EncoderDecoder):
     in place of the self-attention encoder; the Transformer's embeddings (with positions, which a
     convolution needs to know where it is in the sentence) and decoder are unchanged."""
 
-    family = "conv_transformer"
     capabilities = frozenset({"translate", "score", "attention", "align"})
 
     def __init__(self, cfg: ConvTransformerConfig, src_vocab_size: int, tgt_vocab_size: int):

@@ -89,7 +89,6 @@ class LMState(DecodingState):
 
 
 class TransformerLM(GenerativeModel):
-    family = "transformer_lm"
     capabilities = frozenset({"generate", "score", "attention"})
     projected_loss = staticmethod(projected_label_smoothed_nll)  # the fast runtime installs a fused one
 

@@ -188,7 +188,6 @@ class RNNEncDec(_RNNTranslator):
     encoder is unidirectional and stacked ``n_encoder_layers`` deep; c comes from its top layer.
     """
 
-    family = "rnn_encdec"
     capabilities = frozenset({"translate", "score"})
 
     def __init__(self, cfg: RNNEncDecConfig, src_vocab_size: int, tgt_vocab_size: int):
@@ -244,7 +243,6 @@ class RNNSearch(_RNNTranslator):
     still without parameters. With stacked decoder layers the top one is s.
     """
 
-    family = "rnnsearch"
     capabilities = frozenset({"translate", "score", "attention", "align"})
 
     def __init__(self, cfg: RNNSearchConfig, src_vocab_size: int, tgt_vocab_size: int):

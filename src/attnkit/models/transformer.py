@@ -190,7 +190,6 @@ class EncoderDecoder(GenerativeModel):
 class Transformer(EncoderDecoder):
     """Self-attention encoder over token embeddings (with positions), then the decoder."""
 
-    family = "transformer"
     capabilities = frozenset({"translate", "score", "attention", "align"})
 
     def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int):
