@@ -195,27 +195,38 @@ case("config", "learned_positions_too_short", "model.max_positions")(
     lambda w: w.train("--set", "model.positional=\"learned\"", "--set", "model.max_positions=8"))
 
 # command-line options
-case("cli", "beam_zero", "--beam 0")(lambda w: w.translate("--beam", "0"))
-case("cli", "beam_negative", "--beam -3")(lambda w: w.translate("--beam", "-3"))
-case("cli", "n_best_zero", "--n-best 0")(lambda w: w.translate("--n-best", "0"))
+case("cli", "beam_zero", "argument --beam: expected an integer of at least 1, got '0'")(
+    lambda w: w.translate("--beam", "0"))
+case("cli", "beam_negative", "argument --beam: expected an integer of at least 1, got '-3'")(
+    lambda w: w.translate("--beam", "-3"))
+case("cli", "n_best_zero", "argument --n-best: expected an integer of at least 1, got '0'")(
+    lambda w: w.translate("--n-best", "0"))
 case("cli", "n_best_over_beam", "--n-best 3")(lambda w: w.translate("--beam", "2", "--n-best", "3"))
 case("cli", "n_best_over_config_beam", "--n-best 9")(lambda w: w.translate("--n-best", "9"))
-case("cli", "batch_tokens_zero", "--batch-tokens 0")(lambda w: w.translate("--batch-tokens", "0"))
-case("cli", "len_penalty_nan", "--len-penalty")(lambda w: w.translate("--len-penalty", "nan"))
-case("cli", "threads_zero", "--threads 0")(lambda w: w.translate("--threads", "0"))
-case("cli", "evaluate_beam_zero", "--beam 0")(
+case("cli", "batch_tokens_zero", "argument --batch-tokens: expected an integer of at least 1, got '0'")(
+    lambda w: w.translate("--batch-tokens", "0"))
+case("cli", "len_penalty_nan", "argument --len-penalty: expected a finite number, got 'nan'")(
+    lambda w: w.translate("--len-penalty", "nan"))
+case("cli", "threads_zero", "argument --threads: expected an integer of at least 1, got '0'")(
+    lambda w: w.translate("--threads", "0"))
+case("cli", "evaluate_beam_zero", "argument --beam: expected an integer of at least 1, got '0'")(
     lambda w: ["evaluate", "--checkpoint", w.ckpt, "--src", w.input, "--ref", w.input, "--beam", "0"])
-case("cli", "align_layer_zero", "--layer 0")(
+case("cli", "align_layer_zero", "argument --layer: expected an integer of at least 1, got '0'")(
     lambda w: ["align", "--checkpoint", w.ckpt, "--src", "1 May 2000", "-o", w.root / "a.png", "--layer", "0"])
-case("cli", "align_beam_zero", "--beam 0")(
+case("cli", "align_beam_zero", "argument --beam: expected an integer of at least 1, got '0'")(
     lambda w: ["align", "--checkpoint", w.ckpt, "--src", "1 May 2000", "-o", w.root / "a.png", "--beam", "0"])
-case("cli", "generate_temperature_nan", "--temperature")(
+case("cli", "generate_temperature_nan", "argument --temperature: expected a finite number of at least 0, got 'nan'")(
     lambda w: ["generate", "--checkpoint", w.ckpt, "--temperature", "nan"])
-case("cli", "generate_top_p_zero", "--top-p")(lambda w: ["generate", "--checkpoint", w.ckpt, "--top-p", "0"])
-case("cli", "generate_top_p_over_one", "--top-p")(lambda w: ["generate", "--checkpoint", w.ckpt, "--top-p", "1.5"])
-case("cli", "translation_model_generates", "cannot generate")(lambda w: ["generate", "--checkpoint", w.ckpt])
-case("cli", "embed_batch_size_zero", "--batch-size 0")(lambda w: ["embed", "hello", "--batch-size", "0"])
-case("cli", "demo_steps_zero", "--steps 0")(lambda w: ["demo", "--run-dir", w.root / "demo", "--steps", "0"])
+case("cli", "generate_top_p_zero", "argument --top-p: expected a number above 0 and at most 1, got '0'")(
+    lambda w: ["generate", "--checkpoint", w.ckpt, "--top-p", "0"])
+case("cli", "generate_top_p_over_one", "argument --top-p: expected a number above 0 and at most 1, got '1.5'")(
+    lambda w: ["generate", "--checkpoint", w.ckpt, "--top-p", "1.5"])
+case("cli", "translation_model_generates", "checkpoints/step-4: a transformer model cannot generate")(
+    lambda w: ["generate", "--checkpoint", w.ckpt])
+case("cli", "embed_batch_size_zero", "argument --batch-size: expected an integer of at least 1, got '0'")(
+    lambda w: ["embed", "hello", "--batch-size", "0"])
+case("cli", "demo_steps_zero", "argument --steps: expected an integer of at least 1, got '0'")(
+    lambda w: ["demo", "--run-dir", w.root / "demo", "--steps", "0"])
 case("cli", "plot_json_list", "list.json")(lambda w: ["plot-by-length", w.write("list.json", "[1, 2]"),
                                                        "-o", w.root / "p.png"])
 case("cli", "plot_invalid_json", "bad.json:1")(lambda w: ["plot-by-length", w.write("bad.json", "{oops"),
@@ -223,18 +234,22 @@ case("cli", "plot_invalid_json", "bad.json:1")(lambda w: ["plot-by-length", w.wr
 case("cli", "plot_missing_json", "none.json")(lambda w: ["plot-by-length", w.root / "none.json",
                                                           "-o", w.root / "p.png"])
 case("cli", "resume_and_overwrite", "--overwrite")(lambda w: w.resume("--overwrite"))
-case("cli", "language_model_translates", "cannot translate")(
+case("cli", "language_model_translates", "/lm: a transformer_lm model cannot translate")(
     lambda w: ["translate", "--checkpoint", w.lm, "--input", w.input])
-case("cli", "language_model_evaluates", "cannot translate")(
+case("cli", "language_model_evaluates", "/lm: a transformer_lm model cannot translate")(
     lambda w: ["evaluate", "--checkpoint", w.lm, "--src", w.input, "--ref", w.input])
 case("cli", "language_model_aligns", "alignment")(
     lambda w: ["align", "--checkpoint", w.lm, "--src", "to be", "-o", w.root / "a.png"])
 case("cli", "generate_prompt_over_max_tokens", "--prompt")(
     lambda w: ["generate", "--checkpoint", w.lm, "--prompt", "to be " * 200, "--max-new-tokens", "1"])
-case("cli", "serve_port_zero", "--port 0")(lambda w: ["serve", w.ckpt, "--port", "0"])
-case("cli", "serve_timeout_nan", "--timeout")(lambda w: ["serve", w.ckpt, "--timeout", "nan"])
-case("cli", "serve_body_timeout_negative", "--body-timeout")(lambda w: ["serve", w.ckpt, "--body-timeout", "-1"])
-case("cli", "serve_queue_size_zero", "--queue-size 0")(lambda w: ["serve", w.ckpt, "--queue-size", "0"])
+case("cli", "serve_port_zero", "argument --port: expected an integer from 1 to 65535, got '0'")(
+    lambda w: ["serve", w.ckpt, "--port", "0"])
+case("cli", "serve_timeout_nan", "argument --timeout: expected a finite number above 0, got 'nan'")(
+    lambda w: ["serve", w.ckpt, "--timeout", "nan"])
+case("cli", "serve_body_timeout_negative", "argument --body-timeout: expected a finite number above 0, got '-1'")(
+    lambda w: ["serve", w.ckpt, "--body-timeout", "-1"])
+case("cli", "serve_queue_size_zero", "argument --queue-size: expected an integer of at least 1, got '0'")(
+    lambda w: ["serve", w.ckpt, "--queue-size", "0"])
 case("cli", "serve_public_without_key", "--host 0.0.0.0")(lambda w: ["serve", w.ckpt, "--host", "0.0.0.0"])
 case("cli", "serve_missing_model", "nowhere")(lambda w: ["serve", w.root / "nowhere"])
 
@@ -268,9 +283,9 @@ case("checkpoint", "average_damaged_input", "model.safetensors")(
     lambda w: _damage(w.ckpt / "model.safetensors") or ["average", w.ckpt, "-o", w.root / "avg"])
 
 # images
-case("images", "caption_with_a_translation_model", "cannot caption")(
+case("images", "caption_with_a_translation_model", "checkpoints/step-4: a transformer model cannot caption")(
     lambda w: ["caption", "--checkpoint", w.ckpt, w.write("x.jpg", b"not a jpeg")])
-case("images", "caption_beam_zero", "--beam 0")(
+case("images", "caption_beam_zero", "argument --beam: expected an integer of at least 1, got '0'")(
     lambda w: ["caption", "--checkpoint", w.ckpt, w.write("x.jpg", b"not a jpeg"), "--beam", "0"])
 case("images", "caption_list_names_a_missing_image", "line 2")(
     lambda w: ["caption", "--checkpoint", w.ckpt, "--list",
@@ -531,9 +546,11 @@ classifier_case("text_column_not_in_header", ("cols.tsv:1", "column nope"))(
     lambda w: w.classify(w.cls, w.write("cols.tsv", "text\tid\na film\t1\n"), "--text-column", "nope"))
 classifier_case("named_pair_column_for_single_sentence_model", ("cols.tsv:2", "single sentences"))(
     lambda w: w.classify(w.cls, w.write("cols.tsv", "a\tb\nx\ty\n"), "--text-column", "a", "--pair-column", "b"))
-classifier_case("translation_model_classifies", "cannot classify")(lambda w: w.classify(w.ckpt, w.input))
+classifier_case("translation_model_classifies", "checkpoints/step-4: a transformer model cannot classify")(
+    lambda w: w.classify(w.ckpt, w.input))
 classifier_case("classify_missing_input", "nowhere.txt")(lambda w: w.classify(w.cls, w.root / "nowhere.txt"))
-classifier_case("classify_batch_size_zero", "--batch-size 0")(lambda w: w.classify(w.cls, w.input, "--batch-size", "0"))
+classifier_case("classify_batch_size_zero", "argument --batch-size: expected an integer of at least 1, got '0'")(
+    lambda w: w.classify(w.cls, w.input, "--batch-size", "0"))
 classifier_case("classify_output_is_directory", "--output")(lambda w: w.classify(w.cls, w.input, "-o", w.root))
 classifier_case("evaluate_unknown_label", ("dev.tsv:3", "'2'", "column label"))(
     lambda w: ["evaluate", "--checkpoint", w.cls, "--data", w.write("dev.tsv", "sentence\tlabel\na\t0\nb\t2\n")])
@@ -551,7 +568,7 @@ classifier_case("evaluate_classifier_with_src_ref", "evaluate --data")(
 classifier_case("evaluate_translation_without_src", "--src")(lambda w: ["evaluate", "--checkpoint", w.ckpt])
 classifier_case("evaluate_text_column_without_data", "--text-column")(
     lambda w: ["evaluate", "--checkpoint", w.ckpt, "--src", w.input, "--ref", w.input, "--text-column", "a"])
-classifier_case("evaluate_translation_model_on_data", "cannot classify")(
+classifier_case("evaluate_translation_model_on_data", "checkpoints/step-4: a transformer model cannot classify")(
     lambda w: ["evaluate", "--checkpoint", w.ckpt, "--data", w.write("dev.tsv", "sentence\tlabel\na\t0\n")])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -365,7 +366,7 @@ def test_load_and_classify_from_python(classifier_run, regressor_run, sst2_dev, 
     attention = model.attention(texts[0])
     assert attention.source[0] == "[CLS]" and attention.text == model.classify(texts[0]).label
     assert attention.encoder[0].shape[-1] == len(attention.source)
-    with pytest.raises(AttnkitError, match="cannot translate"):
+    with pytest.raises(AttnkitError, match=f"^{re.escape(str(model.path))}: a bert_classifier model cannot translate"):
         model.translate("a film")
     with pytest.raises(AttnkitError, match="pair given to a model of single sentences"):
         model.classify(texts[:1], ["a second sentence"])
@@ -377,8 +378,9 @@ def test_load_and_classify_from_python(classifier_run, regressor_run, sst2_dev, 
     with pytest.raises(AttnkitError, match="single sentence given to a model of sentence pairs"):
         regressor.classify(stsb_dev.texts[:3])
 
-    with pytest.raises(AttnkitError, match="cannot classify"):
-        attnkit.load(trained_checkpoint).classify(["1 May 2000"])
+    translator = attnkit.load(trained_checkpoint)
+    with pytest.raises(AttnkitError, match=f"^{re.escape(str(translator.path))}: a transformer model cannot classify"):
+        translator.classify(["1 May 2000"])
 
 
 # --- one-line errors

@@ -105,6 +105,71 @@ def test_translate_invalid_utf8_on_stdin_is_a_one_line_error(trained_checkpoint)
     assert len(err.strip().splitlines()) == 1 and err.startswith("attnkit: error: stdin: line 2 is not UTF-8"), err
 
 
+def test_translate_in_chunks_while_compiling_writes_what_one_call_does(trained_checkpoint, tmp_path, monkeypatch,
+                                                                         capsys):
+    """With --compile a file is translated in chunks (here of 3 sentences), each through Model.translate, while the
+    model compiles in the background (here a compile that never takes over, so each chunk decodes eagerly): the
+    lines are those one Model.translate call gives, in input order, one best and n-best alike."""
+    import threading
+
+    import attnkit.cli.decode
+    from attnkit.api import Model
+    from attnkit.data import generate_dates
+
+    sources = generate_dates(7, seed=3).src
+    path = tmp_path / "in.txt"
+    path.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    compiles, chunks = [], []
+
+    def compile_in_background(self, **options):
+        compiles.append(options)
+        self.compiling = threading.Thread(target=lambda: None)
+        self.compiling.start()
+        return self
+
+    translate = Model.translate
+
+    def counting(self, sentences, **options):
+        chunks.append(len(sentences))
+        return translate(self, sentences, **options)
+
+    monkeypatch.setattr(Model, "compile", compile_in_background)
+    monkeypatch.setattr(Model, "translate", counting)
+    monkeypatch.setattr(attnkit.cli.decode, "TRANSLATE_CHUNK", 3)
+    whole = attnkit.load(trained_checkpoint).translate(sources, beam=2, n_best=2, details=True)
+    assert chunks == [7]
+    for n_best in (1, 2):
+        chunks.clear()
+        assert main(["translate", "--checkpoint", str(trained_checkpoint), "--input", str(path), "--beam", "2",
+                     "--n-best", str(n_best), "--compile"]) == 0
+        assert chunks == [3, 3, 1]
+        lines = capsys.readouterr().out.splitlines()
+        if n_best == 1:
+            assert lines == [t.text[0] for t in whole]
+        else:
+            assert lines == [f"{h.score:.4f}\t{text}" for t in whole for h, text in zip(t.hypotheses, t.text)]
+    assert compiles == [{"freeze": True, "beams": (2,), "background": True}] * 2
+    chunks.clear()
+    assert main(["translate", "--checkpoint", str(trained_checkpoint), "--input", str(path), "--beam", "2"]) == 0
+    assert chunks == [7]  # not compiling: the whole file at once, batched by length as a whole
+    assert capsys.readouterr().out.splitlines() == [t.text[0] for t in whole]
+
+
+@pytest.mark.slow
+def test_compile_fills_the_cache_before_a_job_starts(trained_checkpoint, tmp_path, monkeypatch, capsys):
+    """`attnkit compile RUN` compiles in the foreground and keeps the ahead-of-time packages in the user's cache
+    (whatever ATTNKIT_COMPILE says: it was asked for)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ATTNKIT_CACHE", str(cache))
+    assert main(["compile", str(trained_checkpoint), "--beam", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"compiled for beam sizes 1 in fp32 (the cache: {cache})" in err.splitlines()[-1], err
+    packages = list((cache / "compiled").rglob("*.pt2"))
+    assert packages and all(p.with_suffix(".json").is_file() for p in packages), packages
+    assert main(["compile", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere" in capsys.readouterr().err
+
+
 def _pipe_with(data: bytes) -> tuple[int, int]:
     r, w = os.pipe()
     os.write(w, data)
@@ -206,7 +271,7 @@ def _record_threads(monkeypatch) -> list[int]:
         seen.append(torch.get_num_threads())
         return 0
 
-    monkeypatch.setattr("attnkit.cli.cmd_average", fake_average)
+    monkeypatch.setattr("attnkit.cli.export.cmd_average", fake_average)  # the function the parser is built with
     return seen
 
 
@@ -223,7 +288,36 @@ def test_threads_is_applied_before_the_command_runs(monkeypatch, torch_threads):
 
 def test_threads_below_one_is_a_usage_error(capsys):
     assert main(["average", "a", "-o", "b", "--threads", "0"]) == 2
-    assert "--threads 0" in capsys.readouterr().err
+    assert capsys.readouterr().err == "attnkit: error: argument --threads: expected an integer of at least 1, got '0'\n"
+
+
+# --- option ranges: each an argparse type, written once
+
+@pytest.mark.parametrize("argv, option, expected, bad", [
+    (["translate", "--checkpoint", "x"], "--beam", "an integer of at least 1", ["0", "-3", "1.5", "two"]),
+    (["generate", "--checkpoint", "x"], "--max-new-tokens", "an integer of at least 0", ["-1", "ten"]),
+    (["serve", "x"], "--port", "an integer from 1 to 65535", ["0", "65536", "http"]),
+    (["translate", "--checkpoint", "x"], "--len-penalty", "a finite number", ["nan", "inf", "high"]),
+    (["serve", "x"], "--max-wait-ms", "a finite number of at least 0", ["-1", "nan", "inf"]),
+    (["serve", "x"], "--timeout", "a finite number above 0", ["0", "-2.5", "nan", "inf"]),
+    (["data", "fetch", "all"], "--timeout", "a finite number above 0", ["0", "nan"]),
+    (["generate", "--checkpoint", "x"], "--top-p", "a number above 0 and at most 1", ["0", "1.5", "nan"]),
+], ids=["at_least", "at_least_0", "at_least_up_to", "finite_float", "finite_nonnegative", "positive_float",
+        "positive_float_data_fetch", "probability_mass"])
+def test_an_option_out_of_range_is_refused_by_its_type_in_one_line(argv, option, expected, bad, capsys):
+    """Refused while the command line is parsed, before anything is loaded (the checkpoint "x" does not exist): one
+    line naming the option and the value, exit status 2."""
+    for value in bad:
+        assert main([*argv, option, value]) == 2, value
+        assert capsys.readouterr().err == f"attnkit: error: argument {option}: expected {expected}, got {value!r}\n"
+
+
+def test_the_range_types_return_the_values_they_accept():
+    from attnkit.cli.common import at_least, finite_float, finite_nonnegative, positive_float, probability_mass
+
+    assert at_least(1)("3") == 3 and at_least(0)("0") == 0 and at_least(1, 65535)("65535") == 65535
+    assert finite_float("-1.5") == -1.5 and finite_nonnegative("0") == 0.0 and positive_float("0.25") == 0.25
+    assert probability_mass("1") == 1.0 and probability_mass("0.9") == 0.9
 
 
 def test_train_threads_flag_overrides_the_config(monkeypatch, tmp_path):

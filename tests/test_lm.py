@@ -494,7 +494,7 @@ def test_generate_streams_a_continuation(shakespeare_run, capsys):
 
 def test_generate_refuses_a_translation_checkpoint(trained_checkpoint, capsys):
     assert main(["generate", "--checkpoint", str(trained_checkpoint), "--prompt", "x"]) == 2
-    assert "a transformer model cannot generate" in capsys.readouterr().err
+    assert f"{trained_checkpoint}: a transformer model cannot generate" in capsys.readouterr().err
 
 
 # --- transfer: a shared SentencePiece model, then fine-tuning from another run's weights

@@ -108,7 +108,27 @@ class Model:
         """A one-line error unless this model's family can ``capability``."""
         if capability not in self.capabilities:
             can = ", ".join(sorted(self.capabilities)) or "nothing"
-            raise AttnkitError(f"a {self.family} model cannot {capability} (it can: {can})")
+            raise AttnkitError(f"{self.path}: a {self.family} model cannot {capability} (it can: {can})")
+
+    @property
+    def problem(self) -> str | None:
+        """A classifier's problem: "classification" (it names a label) or "regression" (it predicts a score); None
+        for a model that decodes."""
+        return getattr(self.module, "problem", None)
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """Each text's tokens as ``decode.max_source_tokens`` counts them (a translation model's source subwords, a
+        language model's tokens), past which translating, aligning and generating refuse it: a face reading a file
+        counts with this to name the file and line of a text too long."""
+        tokenizer = getattr(self.tokenizers, "src", self.tokenizers)
+        return [len(ids) for ids in tokenizer.encode(list(texts))]
+
+    def compiles_by_default(self, sentences: int | None = None) -> bool:
+        """Whether a job of ``sentences`` sentences (None: a server's) repays compiling this model's decoding
+        (:func:`attnkit.fast.compiles_by_default`), for a face that starts compiling (:meth:`compile`) itself."""
+        from attnkit.fast import compiles_by_default
+
+        return self.generative and compiles_by_default(self.module, sentences)
 
     @property
     def takes_pairs(self) -> bool:
@@ -141,7 +161,7 @@ class Model:
         from attnkit import fast
 
         if not self.generative:
-            raise AttnkitError(f"a {self.family} model decodes nothing to compile")
+            raise AttnkitError(f"{self.path}: a {self.family} model decodes nothing to compile")
         self._compile = False
 
         def build() -> None:
@@ -489,6 +509,26 @@ class Model:
                                    "not a sentence")
         out = classify(self.classifier, self.tokenizers, texts, pairs, batch_tokens)
         return out[0] if one else out
+
+    def evaluate(self, data, batch_tokens: int = 4096) -> tuple[dict[str, float], list]:
+        """Score a classifier on a labelled file (:class:`attnkit.data.Labelled`: a GLUE dev file, your own CSV, TSV
+        or JSONL) with its task's validation metrics, so that the figures are those its training recorded
+        (accuracy, F1, Matthews' correlation; a regressor's Pearson and Spearman correlations; in percent) -> (the
+        scores, the classifications they score). A label this model does not know is an error naming its line."""
+        from attnkit.data import check_labels
+        from attnkit.train.tasks import ClassificationTask
+
+        self.require("classify")
+        labels = self.module.labels
+        if self.problem == "classification":
+            check_labels(data, labels, f"the checkpoint {self.path}")
+        results = self.classify(data.texts, data.pairs, batch_tokens)
+        if self.problem == "regression":
+            predictions, golds = [c.score for c in results], data.labels
+        else:
+            index = {name: i for i, name in enumerate(labels)}
+            predictions, golds = [index[c.label] for c in results], [index[g] for g in data.labels]
+        return ClassificationTask.score(self.problem, predictions, golds, len(labels)), results
 
     def _check_pairs(self, given: bool) -> None:
         """A sentence pair for a model of single sentences, or one sentence for a model of pairs, is refused: the

@@ -1,5 +1,5 @@
 """Tokenizers, corpus readers with validation, length-bucketed batching, Flickr8k images and their grids,
-language-model text streams."""
+language-model text streams, and what the command line reads from its user (:mod:`attnkit.data.inputs`)."""
 
 from attnkit.data.batching import Batch, collate, pad, token_batches
 from attnkit.data.corpus import (
@@ -22,6 +22,7 @@ from attnkit.data.images import (
     read_flickr8k,
     read_flickr8k_tokens,
 )
+from attnkit.data.inputs import ClassifierInput, StreamLines, image_list, read_input
 from attnkit.data.labelled import Labelled, check_labels, label_set, read_glue, read_labelled
 from attnkit.data.prepare import Encoded, Tokenizers, build_tokenizers, encode_pairs, load_split, load_tokenizers
 from attnkit.data.text import (
@@ -44,10 +45,12 @@ __all__ = [
     "Batch",
     "Captions",
     "CharTokenizer",
+    "ClassifierInput",
     "Encoded",
     "FeatureCache",
     "Labelled",
     "Parallel",
+    "StreamLines",
     "Tokenizer",
     "Tokenizers",
     "block_batch",
@@ -59,6 +62,7 @@ __all__ = [
     "extract_features",
     "flickr8k_images",
     "generate_dates",
+    "image_list",
     "label_set",
     "load_image",
     "load_split",
@@ -67,6 +71,7 @@ __all__ = [
     "read_flickr8k",
     "read_flickr8k_tokens",
     "read_glue",
+    "read_input",
     "read_labelled",
     "read_lines",
     "read_multi30k",

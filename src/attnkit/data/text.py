@@ -82,6 +82,8 @@ def read_tinyshakespeare(data_dir: str | Path | None, split: str) -> str:
         raise AttnkitError(f"{path}: invalid UTF-8 at byte {e.start}") from None
     if split not in ("train", "valid"):
         raise AttnkitError(f"tinyshakespeare has splits train and valid, not {split!r}")
+    if not text:
+        raise AttnkitError(f"{path}: an empty file, with no text to train or validate on")
     cut = int(len(text) * 0.9)
     return text[:cut] if split == "train" else text[cut:]
 
@@ -90,7 +92,10 @@ def read_wikitext2(data_dir: str | Path | None, split: str) -> list[str]:
     """``wikitext-2/{train,valid}.txt`` (already tokenized): each line with ``<eos>`` appended, as the
     literature counts it (blank lines too), so perplexities compare with published ones."""
     path = resolve_data_dir(data_dir) / "wikitext-2" / f"{split}.txt"
-    return [f"{line} <eos>" for line in read_lines(path)]
+    lines = read_lines(path)
+    if not lines:
+        raise AttnkitError(f"{path}: an empty file, with no text to {'train' if split == 'train' else 'validate'} on")
+    return [f"{line} <eos>" for line in lines]
 
 
 # --- the stream as blocks

@@ -243,7 +243,7 @@ class LanguageModelTask(GenerationTask):
         self.cfg = cfg
         texts = texts or {split: self.read(cfg, split, data_dir) for split in ("train", "valid")}
         if not any(texts["train"]) or not any(texts["valid"]):
-            raise AttnkitError(f"empty training or validation text ({cfg.data.format})")
+            raise AttnkitError(f"{run_dir}: empty training or validation text ({cfg.data.format})")
         path = Path(run_dir) / self.tokenizer_file(cfg)
         if rank == 0 and not path.exists():  # one rank builds the tokenizer; a resumed run keeps its own
             self.build_tokenizer(cfg, texts["train"], path)
@@ -383,6 +383,9 @@ class ClassificationTask:
         self.problem = "regression" if is_regression(cfg) else "classification"
         if self.problem == "classification":
             self.labels = list(train.label_names or label_set(train))
+            if len(self.labels) < 2:
+                raise AttnkitError(f"{train.origin or 'the training file'}: classification needs at least 2 labels, "
+                                   f"not {len(self.labels)}")
             check_labels(valid, self.labels, train.origin or "the training file")
             self.metric = registry.data_format(cfg.data.format).metric or "accuracy"  # GLUE's figure for the task
             self.metrics = CLASSIFICATION_METRICS
