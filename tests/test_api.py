@@ -276,3 +276,26 @@ def test_a_model_compiling_in_the_background_translates_eagerly_meanwhile_then_c
     assert not model.compiling.is_alive()
     assert model.decoder is not first and type(model.decoder).__name__ == "CompiledDecoder"
     assert model.translate(sentences, beam=1) == expected
+
+
+def test_a_background_compile_that_fails_leaves_the_model_decoding_eagerly(trained_checkpoint, monkeypatch, caplog):
+    """A compiler's failure in the background thread is recorded and logged in one line; the eager decoder goes on
+    translating (a server keeps answering)."""
+    from attnkit import fast
+
+    model = attnkit.load(trained_checkpoint, compile=False)
+    expected, eager = model.translate(["1 May 2000"], beam=1), model.decoder
+    real = fast.decoder
+
+    def failing(module, compile=False, **options):
+        if compile:
+            raise RuntimeError("the C++ compiler is missing\nsecond line")
+        return real(module, **options)
+
+    monkeypatch.setattr(fast, "decoder", failing)
+    model.compile(beams=(1,), background=True)
+    model.compiling.join(timeout=60)
+    assert isinstance(model.compile_error, RuntimeError) and model.decoder is eager
+    [record] = [r for r in caplog.records if "compiling failed" in r.getMessage()]
+    assert "\n" not in record.getMessage() and "the C++ compiler is missing second line" in record.getMessage()
+    assert model.translate(["1 May 2000"], beam=1) == expected

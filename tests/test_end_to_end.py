@@ -93,18 +93,28 @@ def test_train_translate_evaluate(tmp_path, data_dir):
     assert len(translations) == 5
     assert all(t.strip() for t in translations)
     assert translations != val.src[:5]
-    # --compile (five sentences: the search steps ahead of time, the weights frozen) translates as eager decoding
-    # does: the first run compiles the steps into the user's cache, saying so in one line; the next loads them,
-    # silently. Five sentences by default (too few to repay a compiled start) decode eagerly
-    eager, compiled, again = tmp_path / "eager.de", tmp_path / "compiled.de", tmp_path / "again.de"
+    # attnkit compile fills the user's cache with the search steps compiled ahead of time, saying so in one line; a
+    # compiled decoder loaded from it translates as eager decoding does; translate --compile loads the cached steps
+    # (silently) while it decodes, and writes what eager decoding writes
+    said = _attnkit("compile", run, "--beam", "1", cwd=tmp_path).stderr
+    assert "attnkit: compiling the greedy_search_step ahead of time" in said
+    eager, compiled = tmp_path / "eager.de", tmp_path / "compiled.de"
     runs = {}
-    for out_file in (eager, compiled, again):
+    for out_file in (eager, compiled):
         extra = [] if out_file == eager else ["--compile"]
         runs[out_file] = _attnkit("translate", "--checkpoint", run, "--input", few, "--output", out_file, "--beam",
                                   "1", *extra, cwd=tmp_path, ATTNKIT_COMPILE="1").stderr
-    assert read_lines(compiled) == read_lines(again) == read_lines(eager)
-    assert "attnkit: compiling the greedy_search_step ahead of time" in runs[compiled]
-    assert "attnkit: compiling" not in runs[again] + runs[eager]
+    assert read_lines(compiled) == read_lines(eager)
+    assert "attnkit: compiling" not in runs[compiled] + runs[eager]
+    script = ("import sys, attnkit\nm = attnkit.load(sys.argv[1]).compile(beams=(1,))\n"
+              "print(type(m.decoder).__name__)\n"
+              "print('\\n'.join(m.translate(open(sys.argv[2], encoding='utf-8').read().splitlines(), beam=1)))\n")
+    out = subprocess.run([sys.executable, "-c", script, str(run), str(few)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    kind, *lines = out.stdout.splitlines()
+    assert kind == "CompiledDecoder" and lines == read_lines(eager)
+    assert "attnkit: compiling" not in out.stderr  # loaded from the cache attnkit compile filled
 
     # evaluate 100 validation sentences
     hyps_file, scores_file = tmp_path / "hyps.de", tmp_path / "scores.json"

@@ -18,6 +18,7 @@ imports the model families, tokenizers and decoding, never the training stack.
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -171,14 +172,24 @@ class Model:
                 self.warm_up(decoder, beams)
             self._decoder = decoder  # one assignment: a batch decodes with the old decoder or the new, whole
 
+        def build_or_stay_eager() -> None:
+            try:
+                build()
+            except Exception as e:  # noqa: BLE001 - whatever the compiler raised, the eager decoder goes on serving
+                self.compile_error = e
+                logging.getLogger("attnkit").warning("%s: compiling failed, decoding stays eager: %s: %s",
+                                                     self.path, type(e).__name__, " ".join(str(e).split())[:300])
+
         if background:
-            self.compiling = threading.Thread(target=build, name=f"attnkit-compile-{self.path.name}", daemon=True)
+            self.compiling = threading.Thread(target=build_or_stay_eager, name=f"attnkit-compile-{self.path.name}",
+                                              daemon=True)
             self.compiling.start()
         else:
             build()
         return self
 
     compiling = None  # the thread compiling this model's decoder in the background, while it does
+    compile_error = None  # what stopped a background compile (the model then decodes eagerly)
 
     def warm_up(self, decoder, beams: tuple[int, ...]) -> list[int]:
         """Translate one sentence and two (and, where the decoder has graphs of their own for wide batches, that
