@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -131,3 +132,15 @@ def png(color=(200, 30, 30), size=(40, 30)) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def schemathesis(tmp_path: Path) -> tuple[Path, Path]:
+    """Schemathesis' ``st`` command beside this Python (the test skips without it) and a config of ``tmp_path`` in
+    which 413 counts as rejecting a request (one over a size limit), as the server documents it."""
+    st = Path(sys.executable).with_name("st")
+    if not st.exists():
+        pytest.skip("schemathesis' st command is not installed")
+    config = tmp_path / "schemathesis.toml"
+    config.write_text('[checks.negative_data_rejection]\nexpected-statuses = ["400", "401", "403", "404", "405", '
+                      '"406", "409", "413", "415", "422", "428", "429", "5xx"]\n')
+    return st, config
