@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _CACHE = tempfile.mkdtemp(prefix="attnkit-test-cache-")
 os.environ["ATTNKIT_CACHE"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+
+
+def _run_directory(uid: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"attnkit-test-run-{uid}"
+
+
+# what one process makes and another may use as it is (toy_trained_model's weights) is kept in a directory that the
+# processes of a test run share: pytest-xdist's workers name it by the run's id, and the controlling process removes
+# it at the end (pytest_sessionfinish); a run without workers keeps its own, removed at its exit
+if "PYTEST_XDIST_TESTRUNUID" in os.environ:
+    _SHARED = _run_directory(os.environ["PYTEST_XDIST_TESTRUNUID"])
+    _SHARED.mkdir(exist_ok=True)
+else:
+    _SHARED = Path(tempfile.mkdtemp(prefix="attnkit-test-run-"))
+    atexit.register(shutil.rmtree, _SHARED, ignore_errors=True)
 # translation models decode eagerly unless a test asks for compiling: each tiny model would compile for tens of
 # seconds (tests/test_end_to_end.py checks the default, compiled then loaded from the cache)
 os.environ["ATTNKIT_COMPILE"] = "0"
@@ -33,9 +50,18 @@ from attnkit.models.transformer import TransformerConfig
 
 
 def pytest_configure(config):
+    if not hasattr(config, "workerinput") and hasattr(config.option, "testrunuid"):
+        # the controlling process names the run, so that it knows which shared directory to remove
+        config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
     config.addinivalue_line("markers", "slow: trains or compiles for a minute or more; `make test-fast` skips it")
     config.addinivalue_line("markers", "internals: pins torch internals (strides, kernels, op counts) or wall-clock "
                                        "time; `make test` runs it, `make test-fast` skips it")
+
+
+def pytest_sessionfinish(session):
+    uid = getattr(session.config.option, "testrunuid", None)
+    if uid and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(_run_directory(uid), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):
@@ -144,7 +170,25 @@ def data_dir() -> Path:
 
 def toy_trained_model(vocab: int = 23, steps: int = 60, seed: int = 0) -> Transformer:
     """A tiny Transformer trained briefly to reverse and relabel its source: its outputs depend on the input
-    and end with EOS at varied lengths (a random one only repeats its input token), yet it is far from sure."""
+    and end with EOS at varied lengths (a random one only repeats its input token), yet it is far from sure.
+
+    Trained once a test run (a thousand steps take seconds, and several modules in each worker ask): the first
+    process to ask keeps the weights in the run's shared directory, and the others load them. Training on one
+    thread is deterministic, so they are the weights each would have trained; a process that asks while another
+    trains waits for its weights."""
+    path = _SHARED / f"toy_model-{vocab}-{steps}-{seed}.pt"
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            partial = path.with_suffix(f".{os.getpid()}.partial")
+            torch.save(_trained(vocab, steps, seed).state_dict(), partial)
+            os.replace(partial, path)
+    model = make_model(vocab, seed)
+    model.load_state_dict(torch.load(path))
+    return model.eval()
+
+
+def _trained(vocab: int, steps: int, seed: int) -> Transformer:
     from attnkit.data import collate
     from attnkit.nn import label_smoothed_nll
 
