@@ -30,7 +30,7 @@ class EosBiased(GenerativeModel):
     def __init__(self, model, bias: float):
         super().__init__()
         self.model, self.bias = model, bias
-        self.family, self.capabilities, self.cfg = model.family, model.capabilities, model.cfg
+        self.capabilities, self.cfg = model.capabilities, model.cfg  # its family: its config's
 
     def encode(self, src):
         return self.model.encode(src)
