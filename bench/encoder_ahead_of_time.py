@@ -39,7 +39,7 @@ def main() -> int:
     keep_freed_memory()
     torch.set_num_threads(args.threads)
     (model, cfg, toks, path), refs, ids, order = test_set(resolve_checkpoint(args.checkpoint), args.data_dir)
-    options = {"compile": True, "freeze": True, "ahead_of_time": True, "cache": True, "encoder": False}
+    options = {"compile": True, "freeze": True, "cache": True, "encoder": False}
     packaged = fast.decoder(model, **options)
     eager_encoder = fast.decoder(model, **options)
     eager_encoder._prepare = None  # the ablation: encode and init_state run eagerly, the steps as packaged

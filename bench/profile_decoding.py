@@ -101,8 +101,8 @@ def main() -> int:
     # packages of their own (cache=False: not the user's cached ones), which name their kernels to the profiler
     with inductor_config.patch({"cpp.enable_kernel_profile": True}):
         for precision in precisions:
-            decoder = fast.decoder(model, precision=precision, compile=True, freeze=True, ahead_of_time=True,
-                                   cache=False, encoder=False)
+            decoder = fast.decoder(model, precision=precision, compile=True, freeze=True,
+                                   cache=False)
             decode = attnkit_decoder(decoder)
             for beam in (1, 5):
                 for size, count in ((1, args.batch1_sentences), (64, args.batch64_sentences)):

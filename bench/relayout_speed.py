@@ -214,8 +214,8 @@ def main() -> int:
             "before_one_row": before_pkg.decode.compile_step(copy.deepcopy(before_model), ahead_of_time=True),
             "before_frozen": before_pkg.decode.compile_step(copy.deepcopy(before_model), freeze=True,
                                                             ahead_of_time=True),
-            "after_one_row": fast.compile_step(after_model, ahead_of_time=True),
-            "after_frozen": fast.compile_step(after_model, freeze=True, ahead_of_time=True)}
+            "after_one_row": fast.compile_step(after_model),
+            "after_frozen": fast.compile_step(after_model, freeze=True)}
     translation = {}
     for mode in ("eager", "compiled"):
         if mode == "compiled" and not compiled:

@@ -180,8 +180,8 @@ def main() -> int:
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2")
         # attnkit compiled, on copies of the model, as ``attnkit translate`` does by default: the search steps ahead
         # of time (AOTInductor), the encoder by torch.compile, frozen unless one sentence is decoded greedily
-        one_row = attnkit_decoder(compile_step(model, ahead_of_time=True))
-        frozen = attnkit_decoder(compile_step(model, freeze=True, ahead_of_time=True))
+        one_row = attnkit_decoder(compile_step(model))
+        frozen = attnkit_decoder(compile_step(model, freeze=True))
 
         def compiled(src, lens, beam, len_penalty):
             return (one_row if beam == 1 and src.size(0) == 1 else frozen)(src, lens, beam, len_penalty)

@@ -55,8 +55,10 @@ def _ahead_of_time(model):
     whose fallbacks count their calls."""
     decoder = FastDecoder(copy.deepcopy(model))
     fallbacks = {f.__name__: Counting(decoder, f) for f in (greedy_step, beam_step)}
-    steps = {f.__name__: AheadOfTimeStep(decoder, decoder.step, f, fallbacks[f.__name__],
-                                         first_step_apart=f is beam_step) for f in (greedy_step, beam_step)}
+    steps = {f.__name__: AheadOfTimeStep(f.__name__, decoder, decoder.step, f, first_step_apart=f is beam_step)
+             for f in (greedy_step, beam_step)}
+    for name, step in steps.items():
+        step.fallback = fallbacks[name]
     decoder.search_steps = lambda: steps  # what greedy and beam search run in place of the plain steps
     return decoder, fallbacks
 
@@ -103,7 +105,7 @@ def test_a_wide_search_runs_graphs_of_its_own_whose_layers_are_packed_products(m
         return compile_package(program, **kwargs)
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", recording)
-    fast = compile_step(model, freeze=True, ahead_of_time=True, check=False, pack_wide=True)
+    fast = compile_step(model, freeze=True, check=False, pack_wide=True)
     aot = fast.search_steps()["greedy_step"]
     aot.fallback = Counting(fast, greedy_step)
     wide = random_src([2 + i % 6 for i in range(aot_module.WIDE_SENTENCES)], vocab=VOCAB, seed=11)
@@ -162,7 +164,7 @@ def test_ahead_of_time_steps_decode_like_eager_at_any_batch_size_and_load_from_t
                         lambda weights, rows=32: next(timings) if rows == 32 else False)
 
     def decoder():
-        return compile_step(model, freeze=True, ahead_of_time=True, check=False, cache=True)
+        return compile_step(model, freeze=True, check=False, cache=True)
 
     fast = decoder()
     src = random_src([6, 3, 5, 1], vocab=VOCAB, seed=7)
@@ -320,8 +322,7 @@ def test_steps_a_graph_does_not_cover_run_the_fallback():
 @torch.no_grad()
 def test_a_step_whose_lowering_fails_runs_eagerly_and_says_so_once_a_kind(model, monkeypatch, capfd):
     """Where AOTInductor cannot lower a step (it failed for the bf16 Multi30k model), that kind of step runs the
-    eager step, not torch.compile's graph in its place (which decoded at a tenth of eager's speed there), with one
-    warning line naming the step; outputs stay eager decoding's."""
+    eager step, with one warning line naming the step; outputs stay eager decoding's."""
     from attnkit.fast.aot import _Package
 
     def fails(*args, **kwargs):
@@ -353,7 +354,7 @@ def test_a_compiled_decoder_names_the_checks_whose_lowering_failed(model, monkey
         raise RuntimeError("LoweringException: AssertionError")
 
     monkeypatch.setattr(_Package, "export", staticmethod(fails))
-    fast = compile_step(model, freeze=True, ahead_of_time=True)
+    fast = compile_step(model, freeze=True)
     assert fast.unlowered() == []
     src = random_src([6, 3, 5, 2], vocab=VOCAB, seed=7)
     lens = max_lengths(src.ne(PAD).sum(1), 1.0, 4)
@@ -369,14 +370,23 @@ def test_a_compiled_decoder_names_the_checks_whose_lowering_failed(model, monkey
                for line in capfd.readouterr().err.splitlines()) == 1
 
 
-def test_a_package_record_names_only_attnkit_types():
-    """A record's structure names the types of a step's outputs; reading it imports attnkit's own types (and the
-    tuple), never another module's: a record naming ``os:system`` is refused, so that package is compiled again."""
-    from attnkit.fast.aot import _decode, _encode
-    from attnkit.fast.decoding import GroupedDecoderState
+def test_a_package_record_builds_only_the_types_attnkit_registered(model):
+    """A record keeps the structure of a step's outputs with torch's serializer of pytree structures, and reading
+    it builds the same state again; a record naming any other type (``os.system``) is refused, so that package is
+    compiled again."""
+    from torch.utils import _pytree as pytree
 
-    structure = ("tuple", tuple, ["tensor", ("state", GroupedDecoderState, 3, 7), None])
-    assert _decode(json.loads(json.dumps(_encode(structure)))) == structure
-    for foreign in ("os:system", "builtins:eval", "attnkit.fast.aot:cache_root"):
-        with pytest.raises(ValueError):
-            _decode(["state", foreign, 1, 2])
+    from attnkit.fast import aot  # noqa: F401 -- registers the decoder states and the beam step
+
+    decoder = FastDecoder(copy.deepcopy(model))
+    state = decoder.init_state(decoder.encode(random_src([3, 2], vocab=VOCAB, seed=1))).repeat_beams(2)
+    step = (torch.tensor([4, 5]), state, None)
+    leaves, spec = pytree.tree_flatten(step)
+    record = json.dumps(pytree.treespec_dumps(spec))
+    again = pytree.tree_unflatten(leaves, pytree.treespec_loads(json.loads(record)))
+    assert type(again[1]) is type(state) and again[1].beams == 2 and again[1].offset == state.offset
+    for a, b in zip(again[1].tensors(), state.tensors(), strict=True):
+        assert a is b
+    forged = json.loads(record).replace(f"attnkit.{type(state).__name__}", "os.system")
+    with pytest.raises((NotImplementedError, KeyError, ValueError)):
+        pytree.treespec_loads(forged)

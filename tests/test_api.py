@@ -269,7 +269,7 @@ def test_a_model_compiling_in_the_background_translates_eagerly_meanwhile_then_c
     expected = eager.translate(sentences, beam=1)
     model = attnkit.load(trained_checkpoint, compile=False)
     first = model.decoder
-    model.compile(ahead_of_time=False, freeze=False, cache=False, beams=(1,), background=True)
+    model.compile(freeze=False, cache=False, beams=(1,), background=True)
     assert model.compiling is not None
     assert model.translate(sentences, beam=1) == expected  # eager or compiled, whichever holds the model now
     model.compiling.join(timeout=600)

@@ -13,10 +13,8 @@ import attnkit.fast
 from attnkit.decode import beam_search, filter_logits, generate, greedy, max_lengths, sample, translate
 from attnkit.decode.search import Hypothesis
 from attnkit.fast import FastDecoder, compile_step, ranking
-from attnkit.fast.compile import CompiledDecoder
 from attnkit.fast.decoding import GroupedDecoderState
 from attnkit.models import BOS, EOS, PAD, GenerativeModel
-from attnkit.nn.attention import reference_attention
 from conftest import make_model, random_src, toy_trained_model
 
 VOCAB = 23
@@ -482,52 +480,6 @@ def test_generate_records_no_autograd_graph(model, src):
 # --- torch.compile (attnkit.fast.compile_step)
 
 
-def _weights(model):
-    return {name: (p.detach().clone(), p.stride()) for name, p in model.state_dict(keep_vars=True).items()}
-
-
-def _same_weights(before, after) -> bool:
-    return before.keys() == after.keys() and all(
-        torch.equal(before[n][0], after[n][0]) and before[n][1] == after[n][1] for n in before)
-
-
-def decodes_like_eager(model, compiled, src) -> None:
-    """Greedy and beam outputs and their scores of ``compiled`` (``compile_step(model)``) as eager decoding gives
-    them, over batches that shrink as sentences end (dynamic shapes); ``model`` left as it was: its weights, and
-    the core's attention."""
-    before = _weights(model)
-    assert isinstance(compiled, CompiledDecoder) and compiled.decoder.model is not model
-    lens = _max_lens(src)
-    for search in (lambda m: [[h] for h in greedy(m, _init(m, src), lens)],
-                   lambda m: beam_search(m, _init(m, src), lens, beam_size=3)):
-        fast = search(compiled)
-        eager = search(model)
-        assert [h[0].tokens for h in fast] == [h[0].tokens for h in eager]
-        assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in eager], abs=1e-4)
-    assert _same_weights(before, _weights(model))
-    assert all(m.kernel is reference_attention for m in model.modules() if hasattr(m, "kernel"))
-
-
-@pytest.mark.slow
-@torch.no_grad()
-def test_a_compiled_decoder_decodes_like_eager_and_does_not_recompile_for_new_batch_sizes_or_lengths(model):
-    """``attnkit translate --compile`` (weights not frozen) decodes every batch it is given as eager decoding does
-    (:func:`decodes_like_eager`). Shapes that vary (the batch, the source length, the cache length) are dynamic
-    from the start: once greedy decoding and beam search have run on one sentence and on a batch (the sizes 0 and 1
-    are compiled apart), no other batch size or length compiles a graph again."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()  # earlier tests' graphs share the code, and count towards its recompile limit
-    compiled = compile_step(model, check=False)
-    for warmup in (random_src([5], vocab=VOCAB, seed=1), random_src([6, 3, 5, 2], vocab=VOCAB, seed=2)):
-        decodes_like_eager(model, compiled, warmup)
-    graphs = counters["stats"]["unique_graphs"]
-    assert graphs > 0
-    for seed, lengths in enumerate(([7], [2, 9], [4, 4, 4], [11, 1, 6, 3, 8, 5, 2], [3] * 12), start=3):
-        decodes_like_eager(model, compiled, random_src(lengths, vocab=VOCAB, seed=seed))
-        assert counters["stats"]["unique_graphs"] == graphs, f"recompiled for sources of lengths {lengths}"
-
-
 @pytest.mark.internals
 @torch.no_grad()
 def test_a_compiled_decoder_stores_linear_weights_column_major(model):
@@ -541,54 +493,6 @@ def test_a_compiled_decoder_stores_linear_weights_column_major(model):
     assert all(torch.equal(a.weight, b.weight) for a, b in linears)
     assert all(a.weight.stride(0) != 1 for a, _ in linears)  # the model's own are left row-major
     assert torch.equal(compiled.decoder.model.output.weight.t(), model.output.weight)  # kept as [d_in, d_out]
-
-
-@pytest.mark.slow
-@pytest.mark.internals
-@torch.no_grad()
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN packing is a CPU build's")
-def test_frozen_steps_pack_the_output_projection_alone_beside_an_unfrozen_model_and_keep_their_own_weights(model,
-                                                                                                       src):
-    """Frozen and packed, the vocabulary-wide output projection is a oneDNN product with its weight packed once,
-    and the layers' small products stay MKL's (packed for oneDNN, they were slower at these sizes); a step of one
-    row (the batch's last sentence, a graph of its own) multiplies by it unpacked. An unfrozen model compiled first
-    shares the step's code and Dynamo's graphs for it: the frozen one must not run them (they do not pack).
-    A second frozen model shares the code too, but its weights are constants of graphs of its own (a guard filter
-    that skipped the module checks once gave it the first one's). The frozen beam step decodes as eager beam search
-    does; the second model's greedy steps only. The encoders eager, as they are not what this test is about."""
-    torch._dynamo.reset()  # past the recompile limit, which earlier tests' graphs count towards, steps run eager
-    lens = _max_lens(src)
-    second = make_model(seed=1)  # random: it repeats BOS, where the trained model does not
-    eager = {m: greedy(m, _init(m, src), lens) for m in (model, second)}
-    expected = [h.tokens for h in eager[model]]
-    assert expected != [h.tokens for h in eager[second]]
-    before = _weights(model)
-    # the same options for both: Dynamo keeps graphs compiled with other options apart anyway (it checks the backend)
-    unfrozen = compile_step(model, cpp_wrapper=False, check=False, encoder=False)
-    assert [h.tokens for h in greedy(unfrozen, _init(unfrozen, src), lens)] == expected
-    # packing asked for (by default it is used only where it measures faster); the Python wrapper: ops profiled
-    frozen = compile_step(model, freeze=True, cpp_wrapper=False, pack_output=True, check=False, encoder=False)
-    assert [h.tokens for h in greedy(frozen, _init(frozen, src), lens)] == expected
-    state = _init(frozen, src)  # the eager encoder's products outside the count
-    with torch.profiler.profile() as prof:
-        hyps = greedy(frozen, state, lens)
-    calls = {e.key: e.count for e in prof.key_averages()}
-    lengths = sorted(len(h.tokens) + 1 for h in hyps)
-    steps, several = lengths[-1], lengths[-2]  # all steps, and those with two sentences or more still decoding
-    assert several < steps  # the last sentence decodes alone for a while
-    assert calls.get("mkldnn::_linear_pointwise") == several  # one packed product a step of several rows
-    assert calls.get("aten::_reorder_linear_weight", 0) == calls.get("mkldnn::_reorder_linear_weight", 0) == 0
-    assert calls.get("aten::addmm", 0) >= steps * len(model.decoder)  # the layers' products, unpacked
-    assert [h.score for h in hyps] == pytest.approx([h.score for h in eager[model]], abs=1e-4)
-    beams = beam_search(frozen, _init(frozen, src), lens, beam_size=3)
-    expected_beams = beam_search(model, _init(model, src), lens, beam_size=3)
-    assert [h[0].tokens for h in beams] == [h[0].tokens for h in expected_beams]
-    assert [h[0].score for h in beams] == pytest.approx([h[0].score for h in expected_beams], abs=1e-4)
-    other = compile_step(second, freeze=True, cpp_wrapper=False, pack_output=True, check=False, encoder=False)
-    hyps = greedy(other, _init(other, src), lens)
-    assert [h.tokens for h in hyps] == [h.tokens for h in eager[second]]
-    assert [h.score for h in hyps] == pytest.approx([h.score for h in eager[second]], abs=1e-4)
-    assert _same_weights(before, _weights(model))
 
 
 def test_a_tiny_temperature_samples_the_most_likely_token():
@@ -731,7 +635,7 @@ def test_the_encoders_package_is_checked_apart_for_one_sentence_and_for_a_batch(
         def eager(self, batch):
             return self.inner.eager(batch)
 
-    decoder = compile_step(model, ahead_of_time=True)  # nothing compiles: the package is replaced before a call
+    decoder = compile_step(model)  # nothing compiles: the package is replaced before a call
     decoder._aot_encoder = encoder = Encoder(decoder._aot_encoder)
     expected = {n: FastDecoder(model).init_state(FastDecoder(model).encode(src[:n])) for n in (1, len(src))}
     capfd.readouterr()

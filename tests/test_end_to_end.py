@@ -97,7 +97,7 @@ def test_train_translate_evaluate(tmp_path, data_dir):
     # compiled decoder loaded from it translates as eager decoding does; translate --compile loads the cached steps
     # (silently) while it decodes, and writes what eager decoding writes
     said = _attnkit("compile", run, "--beam", "1", cwd=tmp_path).stderr
-    assert "attnkit: compiling the greedy_search_step ahead of time" in said
+    assert "attnkit: compiling the greedy_step ahead of time" in said
     eager, compiled = tmp_path / "eager.de", tmp_path / "compiled.de"
     runs = {}
     for out_file in (eager, compiled):

@@ -182,7 +182,7 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(de
         pytest.skip(f"this CPU has none of {NEEDS[precision]}")
     eager = fast.decoder(decisive_model, precision=precision)
     compiled = fast.decoder(decisive_model, compile=True, precision=precision, freeze=True, pack_output=True,
-                             ahead_of_time=True, check=False)
+                             check=False)
     lens = max_lengths(src.ne(PAD).sum(1), 1.0, 4)
     for batch in (src, src):  # the first makes the graphs (eagerly), the second runs them on its 8 sentences
         ours = greedy(compiled, compiled.init_state(compiled.encode(batch)), lens[: len(batch)])
@@ -211,7 +211,7 @@ def test_a_wide_int8_search_packs_its_fp32_products_and_decodes_as_eager_int8(mo
     if not runs_here("int8"):
         pytest.skip(f"this CPU has none of {NEEDS['int8']}")
     eager = fast.decoder(model, precision="int8")
-    compiled = fast.decoder(model, compile=True, precision="int8", freeze=True, ahead_of_time=True, check=False,
+    compiled = fast.decoder(model, compile=True, precision="int8", freeze=True, check=False,
                              pack_wide=True)
     assert compiled.wide_sentences == WIDE_SENTENCES
     wide = random_src([2 + i % 6 for i in range(WIDE_SENTENCES)], seed=11)

@@ -171,7 +171,7 @@ def test_ahead_of_time_shortlisted_steps_equal_eager_ones_with_one_graph_for_eve
     if precision == "int8":
         _precision_or_skip("int8")
     base = at_precision(model, precision)
-    decoder = compile_step(base, ahead_of_time=True, freeze=True, check=False, encoder=False)
+    decoder = compile_step(base, freeze=True, check=False)
     # the encoder eager (sealed: it compiles no package): the shortlist is a state of the steps alone, and the
     # encoder's packages, a third of what this test would compile, have their own checks (test_aot.py at fp32,
     # test_precision.py at int8)

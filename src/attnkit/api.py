@@ -129,7 +129,7 @@ class Model:
         (:func:`attnkit.fast.compiles_by_default`), for a face that starts compiling (:meth:`compile`) itself."""
         from attnkit.fast import compiles_by_default
 
-        return self.generative and compiles_by_default(self.module, sentences)
+        return self.compiles and compiles_by_default(self.module, sentences)
 
     @property
     def takes_pairs(self) -> bool:
@@ -145,12 +145,12 @@ class Model:
             self.compile()
         return self._decoder
 
-    def compile(self, ahead_of_time: bool = True, freeze: bool = True, cache: bool = True, encoder: bool = False,
-                beams: tuple[int, ...] = (), background: bool = False) -> Model:
-        """Compile the decoding steps (a minute or so the first time, then faster; see docs/performance.md); with
-        ``cache`` the steps compiled ahead of time are kept in the user's cache and loaded from there by the next
-        process that compiles this model (the encoder among them, ahead of time); ``encoder`` also compiles, anew in
-        every process, what its package does not cover (seconds each start; :func:`~attnkit.fast.compile_step`).
+    def compile(self, freeze: bool = True, cache: bool = True, beams: tuple[int, ...] = (),
+                background: bool = False) -> Model:
+        """Compile the decoding steps and the encoder ahead of time (a minute or so the first time, then faster; see
+        docs/performance.md): the Transformer families, whose decoding state is a flat list of tensors
+        (:attr:`compiles`); with ``cache`` the packages are kept in the user's cache and loaded from there by the
+        next process that compiles this model (:func:`~attnkit.fast.compile_step`).
 
         ``beams``: a translation model's beam sizes whose graphs are built now (:meth:`warm_up`); the decoder is then
         sealed, so that another beam size decodes eagerly rather than wait for a compiler. ``background``: all of
@@ -161,13 +161,14 @@ class Model:
 
         from attnkit import fast
 
-        if not self.generative:
-            raise AttnkitError(f"{self.path}: a {self.family} model decodes nothing to compile")
+        if not self.compiles:
+            raise AttnkitError(f"{self.path}: a {self.family} model has no steps that compile ahead of time (only "
+                               "the Transformer families' decoding state is a flat list of tensors); it decodes "
+                               "eagerly")
         self._compile = False
 
         def build() -> None:
-            decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze,
-                                   ahead_of_time=ahead_of_time, cache=cache, encoder=encoder)
+            decoder = fast.decoder(self.module, compile=True, precision=self.precision, freeze=freeze, cache=cache)
             if beams:
                 self.warm_up(decoder, beams)
             self._decoder = decoder  # one assignment: a batch decodes with the old decoder or the new, whole
@@ -187,6 +188,14 @@ class Model:
         else:
             build()
         return self
+
+    @property
+    def compiles(self) -> bool:
+        """Whether :meth:`compile` has steps to compile: a generative model on the CPU whose fast decoder's state is a
+        flat list of tensors (the Transformer families)."""
+        from attnkit.models.contract import device_of
+
+        return self.generative and self.own_decoder.grouped and device_of(self.module).type == "cpu"
 
     compiling = None  # the thread compiling this model's decoder in the background, while it does
     compile_error = None  # what stopped a background compile (the model then decodes eagerly)

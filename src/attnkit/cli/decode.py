@@ -171,9 +171,8 @@ def add_compile(sub) -> None:
                                    "attnkit serve, attnkit translate --compile or attnkit.load(RUN).compile() of the "
                                    "same checkpoint at the same --precision on this machine then loads them in "
                                    "seconds, where it would otherwise decode eagerly for the minute or more its "
-                                   "compiling takes. The Transformer translation families compile ahead of time; "
-                                   "other families compile only within the process that decodes, so nothing of "
-                                   "theirs is kept.")
+                                   "compiling takes. The Transformer families compile; the others, whose decoding "
+                                   "state is not a flat list of tensors, decode eagerly.")
     p.add_argument("checkpoint", metavar="RUN", help="a run or checkpoint directory")
     p.add_argument("--beam", type=at_least(1), nargs="+", default=None, metavar="N",
                    help="the beam sizes to compile for (default: 1 and the checkpoint's decode.beam_size, as attnkit "

@@ -4,7 +4,7 @@
   projection + loss, fused and single-query attention kernels.
 * :class:`FastDecoder` decodes any model of the contract with beam-grouped cross-attention, cache reordering left
   to the next step and chunked ranking (:mod:`attnkit.fast.decoding`).
-* :func:`compile_step` compiles a decoder with ``torch.compile``, and its search steps ahead of time with
+* :func:`compile_step` compiles a decoder's search steps and encoder ahead of time with ``torch.export`` and
   AOTInductor (:mod:`attnkit.fast.compile`, :mod:`attnkit.fast.aot`); :func:`compiles_by_default` says which
   models, for which jobs, the command line, the server and :func:`attnkit.load` compile unless told.
 * :func:`keep_freed_memory` keeps freed memory for reuse, and :func:`bound_kernel_caches` bounds the compiled

@@ -1,15 +1,14 @@
 """Search steps compiled ahead of time: ``torch.export`` and AOTInductor, one call into a shared library a step.
 
-:func:`~attnkit.fast.compile.compile_step`'s graphs run Inductor's kernels behind Python: Dynamo's guards and the
-bytecode that takes the state apart and builds it again, AOTAutograd's wrappers, sizes turned into tensors. For
-one sentence the Multi30k model's compiled greedy step took 612-697 us, about half of it in its kernels; exported
-with the state as a flat list of tensors and compiled by AOTInductor, the same step took 307-322 us (and 2.15
-against 2.6 ms for 64 sentences; AVX-512 Xeon, one thread).
+``torch.compile``'s graphs run Inductor's kernels behind Python: Dynamo's guards and the bytecode that takes the
+state apart and builds it again, AOTAutograd's wrappers, sizes turned into tensors. For one sentence the Multi30k
+model's greedy step under torch.compile took 612-697 us, about half of it in its kernels; exported with the state
+as a flat list of tensors and compiled by AOTInductor, the same step took 307-322 us (and 2.15 against 2.6 ms for
+64 sentences; AVX-512 Xeon, one thread). So attnkit compiles this way only.
 
 A state can be exported if it is a flat list of tensors (``state.tensors()``, and the classmethod
 ``from_tensors(tensors, beams)`` that builds it again, its offset read from a size): the fast decoder's
-:class:`~attnkit.fast.decoding.GroupedDecoderState`. Other states, and steps that return attention weights, run the
-fallback (``compile_step``'s torch.compile graph).
+:class:`~attnkit.fast.decoding.GroupedDecoderState`. Steps that return attention weights run the eager step.
 
 Each package holds the model's weights as constants of its own: greedy decoding makes one (its first step runs
 the later steps' graph), beam search two (its first step makes the beams), and each one more for searches of one
@@ -32,8 +31,9 @@ handed over with a checkpoint; a package whose bytes or record do not match is r
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
-import importlib
 import json
 import os
 import sys
@@ -49,18 +49,18 @@ import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 from torch._guards import detect_fake_mode
 from torch.export import Dim
+from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 
 from attnkit.decode.search import BeamStep, Hypothesis, length_normalized, sampled_hypotheses
-from attnkit.fast.compile import register_weight_packing, without_weight_packing
-from attnkit.fast.decoding import GroupedDecoderState
+from attnkit.fast.decoding import GroupedDecoderState, ShortlistedState
 from attnkit.tokens import BOS, EOS
 
 
 class AheadOfTimeStep:
-    """``search_step`` (:func:`~attnkit.fast.compile.greedy_search_step` or ``beam_search_step``)
-    of ``model.step`` as ``step`` (its eager version), called as a search calls it: ``(tokens, state, *tensors,
-    t, *flags)``, where the first flag is ``need_weights``.
+    """The search step ``name``: ``search_step`` (:func:`~attnkit.fast.decoding.greedy_step_from_logits` or
+    :func:`~attnkit.fast.compile.beam_search_step`) of ``model.step`` as ``step`` (its eager version), called as a
+    search calls it: ``(tokens, state, *tensors, t, *flags)``, where the first flag is ``need_weights``.
 
     The first call of each kind (state type and beams, beam size, a search of one sentence or not, with
     ``first_step_apart`` first step or not, and with ``pack_wide`` a wide search or not) runs eagerly and exports
@@ -75,9 +75,10 @@ class AheadOfTimeStep:
     the fallback runs outside them. A kind whose lowering fails runs the eager step, with one warning line.
     """
 
-    def __init__(self, model: nn.Module, step, search_step, fallback, cache: Path | None = None,
+    def __init__(self, name: str, model: nn.Module, step, search_step, cache: Path | None = None,
                  first_step_apart: bool = True, pack_wide: bool = False):
-        self.model, self.step, self.search_step, self.fallback = model, step, search_step, fallback
+        self.name, self.model, self.step, self.search_step = name, model, step, search_step
+        self.fallback = partial(search_step, step)  # the eager step, for the calls that no package covers
         self.first_step_apart = first_step_apart
         # a search that begins with WIDE_SENTENCES sentences or more runs graphs of its own, whose linear layers are
         # oneDNN products of weights packed once (WIDE_GRAPH), where that measured faster on this CPU
@@ -128,8 +129,8 @@ class AheadOfTimeStep:
                 self.packages[key] = self._build(key, flat, state, single)
             return eager(tokens, state, *args)  # eagerly, while there is no graph
         package = self.packages[key]
-        if package is None:  # its lowering failed: torch.compile's graph of the same step, in its place, decoded the
-            return eager(tokens, state, *args)  # bf16 Multi30k model at 76 tokens/s, a tenth of eager fp32's (Xeon)
+        if package is None:  # its lowering failed
+            return eager(tokens, state, *args)
         if not package.fits(flat):
             return (eager if self.sealed else self.fallback)(tokens, state, *args)
         return package.run(_contiguous(flat))
@@ -165,9 +166,9 @@ class AheadOfTimeStep:
         limits = max_lens.to(state.device)
         package, limit, tensors = self.packages.get((type(state), 1, False, True, ())), int(limits[0]), state.tensors()
         n_state = len(tensors)
-        if package is None or limit < 1 or package.structure != ("tuple", tuple, ["tensor", "tensor",
-                                                                                  ("state", type(state), 1, n_state),
-                                                                                  None]):
+        # what the package returns: (next tokens, their log-probabilities, the next state, no attention)
+        leaf = torch.zeros(())
+        if package is None or limit < 1 or package.structure != pytree.tree_structure((leaf, leaf, state, None)):
             return None
         # the inputs as a search step is called with (tokens, the state, limits), as the graph reads them
         flat = _contiguous([torch.full((1,), BOS, dtype=torch.long), *tensors, limits])
@@ -202,7 +203,7 @@ class AheadOfTimeStep:
         package = self.packages.get((type(state), k, False, True, (k,), (), ()))
         limits = max_lens.to(state.device)
         limit, n_state = int(limits[0]), len(tensors)
-        structure = ("tuple", BeamStep, [("state", type(state), k, n_state), *["tensor"] * 8, None])
+        structure = pytree.tree_structure(BeamStep(beams, *[torch.zeros(())] * 8, None))  # the attention: None
         if package is None or limit < 1 or package.structure != structure:
             return None
         scores = torch.full((1, k), float("-inf"))
@@ -215,7 +216,7 @@ class AheadOfTimeStep:
                 return None
             # (the next state's tensors, tokens, scores, history, rows, ending, candidate scores and rows, stuck)
             leaves = package.leaves(flat)
-            tokens, scores, history, _, ending, candidate_scores, candidate_rows, stuck = leaves[n_state:]
+            tokens, scores, history, _, ending, candidate_scores, candidate_rows, stuck = leaves[n_state:n_state + 8]
             ended = ending.view(-1).tolist()
             if True in ended:
                 rows = [row for row, end in zip(candidate_rows.view(-1).tolist(), ended) if end]
@@ -231,17 +232,17 @@ class AheadOfTimeStep:
     def _name(self, key: tuple) -> str:
         """The file name of the package for ``key``: the search step and a digest of the graph's kind."""
         kind = repr((_type_name(key[0]), *key[1:]))
-        return f"{self.search_step.__name__}-{hashlib.sha256(kind.encode()).hexdigest()[:16]}"
+        return f"{self.name}-{hashlib.sha256(kind.encode()).hexdigest()[:16]}"
 
     def _cached(self, key: tuple) -> _Package | None:
         """The package for ``key`` from the cache, if there is one and it is intact (else None: build it)."""
-        package = _load_kept(self.cache, self._name(key), self.search_step.__name__)
+        package = _load_kept(self.cache, self._name(key), self.name)
         self.loaded += package is not None
         return package
 
     def _build(self, key: tuple, flat: list[Tensor], state, single: bool) -> _Package | None:
         options = WIDE_GRAPH if key[-1] == "wide" else GRAPH
-        return _compile_kept(self.cache, Path(self._directory.name), self._name(key), self.search_step.__name__,
+        return _compile_kept(self.cache, Path(self._directory.name), self._name(key), self.name,
                              partial(_Package.build, self, flat, state, single, options=options))
 
 
@@ -353,7 +354,7 @@ def _compile_kept(cache: Path | None, scratch: Path, name: str, what: str, build
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*", category=UserWarning)
             package = build(path)
-    except Exception as e:  # noqa: BLE001 -- any failure to export or compile leaves torch.compile's graph
+    except Exception as e:  # noqa: BLE001 -- any failure to export or compile leaves the eager step
         print(f"attnkit: warning: the {what} could not be compiled ahead of time "
               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {fallback}",
               file=sys.stderr, flush=True)
@@ -409,21 +410,6 @@ def _files_digest(paths) -> str:
 
 def _type_name(kind: type) -> str:
     return f"{kind.__module__}:{kind.__qualname__}"
-
-
-def _named_type(name: str) -> type:
-    """A type :func:`_type_name` named: attnkit's own, or the tuple; nothing else is imported from a record."""
-    module, _, qualname = name.partition(":")
-    if name == "builtins:tuple":
-        return tuple
-    if not (module == "attnkit" or module.startswith("attnkit.")):
-        raise ValueError(f"a record names {name}, not one of attnkit's types")
-    kind = importlib.import_module(module)
-    for part in qualname.split("."):
-        kind = getattr(kind, part)
-    if not isinstance(kind, type):
-        raise ValueError(f"{name} is not a type")
-    return kind
 
 
 def exportable(state) -> bool:
@@ -482,8 +468,10 @@ def is_wide(pack_wide: bool, sentences: int) -> bool:
 
 class _Package:
     """One exported and compiled search step: its loader (which runs it on a flat list of tensors), how to build
-    the step's result from the flat outputs (inputs that come back unchanged are taken from the inputs, not copied
-    through the graph), and the bounds of its inputs' sizes: [(input, dim, lowest, highest)]."""
+    the step's result from the flat outputs (its pytree structure, and where each leaf comes from, ``passed``: None
+    for the graph's next output, an input's index for an input that comes back unchanged, taken from the inputs
+    rather than copied through the graph, or -1 for a leaf that is None, such as attention not asked for), and the
+    bounds of its inputs' sizes: [(input, dim, lowest, highest)]."""
 
     def __init__(self, loader, structure, passed: list[int | None], bounds: list[tuple[int, int, int, int]]):
         self.loader, self.structure, self.passed, self.bounds = loader, structure, passed, bounds
@@ -531,11 +519,12 @@ class _Package:
 
             def forward(self, *inputs):
                 out = fn(*inputs)
-                leaves: list[Tensor] = []
-                recorded["structure"] = _flatten(out, leaves)
+                leaves, recorded["structure"] = pytree.tree_flatten(out)
+                if not all(x is None or isinstance(x, Tensor) for x in leaves):
+                    raise TypeError(f"cannot export a search step that returns {type(out).__name__}")
                 index = {id(x): i for i, x in enumerate(inputs)}
-                recorded["passed"] = [index.get(id(x)) for x in leaves]
-                return tuple(x for x in leaves if id(x) not in index)
+                recorded["passed"] = [-1 if x is None else index.get(id(x)) for x in leaves]
+                return tuple(x for x in leaves if x is not None and id(x) not in index)
 
         # Traced with one sentence, a graph computed wrong rows for three (an Inductor kernel specialised on the
         # size 1 it saw, though the exported program was right): the example has every input twice over along
@@ -561,7 +550,7 @@ class _Package:
         structure of its outputs, its bounds and its bytes' SHA-256. Each file appears whole or not at all."""
         path.parent.mkdir(parents=True, exist_ok=True)
         data = built.read_bytes()
-        record = {"structure": _encode(self.structure), "passed": self.passed, "bounds": self.bounds,
+        record = {"structure": pytree.treespec_dumps(self.structure), "passed": self.passed, "bounds": self.bounds,
                   "sha256": hashlib.sha256(data).hexdigest(), "torch": torch.__version__}
         for target, content in ((path, data), (path.with_suffix(".json"), json.dumps(record).encode())):
             partial_file = target.with_name(f".{target.name}.{os.getpid()}.partial")
@@ -576,19 +565,19 @@ class _Package:
             raise ValueError(f"{path.name}: its bytes differ from those recorded")
         bounds = [tuple(int(v) for v in b) for b in record["bounds"]]
         passed = [None if i is None else int(i) for i in record["passed"]]
-        structure = _decode(record["structure"])
+        structure = pytree.treespec_loads(record["structure"])
         return cls(_loader(path), structure, passed, bounds)
 
     def fits(self, flat: list[Tensor]) -> bool:
         return all(low <= flat[i].size(d) <= high for i, d, low, high in self.bounds)
 
     def leaves(self, flat: list[Tensor]) -> list[Tensor]:
-        """The step's result for inputs ``flat`` as its tensors, in :func:`_flatten`'s order."""
+        """The step's result for inputs ``flat`` as its tensors, in the order of torch's pytree (``self.structure``)."""
         outputs = iter(self.loader.run(flat))
-        return [next(outputs) if i is None else flat[i] for i in self.passed]
+        return [next(outputs) if i is None else None if i == -1 else flat[i] for i in self.passed]
 
     def run(self, flat: list[Tensor]):
-        return _unflatten(self.structure, iter(self.leaves(flat)))
+        return pytree.tree_unflatten(self.leaves(flat), self.structure)
 
 
 def _bias_add_after_product():
@@ -644,50 +633,74 @@ def _bounds(program) -> list[tuple[int, int, int, int]]:
     return bounds
 
 
-def _flatten(x, leaves: list[Tensor]):
-    """A search step's result as its tensors (appended to ``leaves``) and the structure to build it again."""
-    if isinstance(x, Tensor):
-        leaves.append(x)
-        return "tensor"
-    if x is None:
-        return None
-    if exportable(x):
-        tensors = x.tensors()
-        leaves.extend(tensors)
-        return ("state", type(x), x.beams, len(tensors))
-    if isinstance(x, tuple):
-        return ("tuple", type(x), [_flatten(v, leaves) for v in x])
-    raise TypeError(f"cannot export a search step that returns {type(x).__name__}")
+# the modules whose freezing patterns pack weights for oneDNN (and, for quantized graphs, their int8 weights)
+_PACKING_PATTERNS = ("torch._inductor.fx_passes.mkldnn_fusion", "torch._inductor.fx_passes.quantization")
+_unpacked_passes: dict[int, tuple[list, list]] = {}  # by id of Inductor's list of passes: (that list, the copies)
 
 
-def _encode(structure):
-    """:func:`_flatten`'s structure as JSON: its types by name."""
-    if structure is None or structure == "tensor":
-        return structure
-    if structure[0] == "state":
-        return ["state", _type_name(structure[1]), structure[2], structure[3]]
-    return ["tuple", _type_name(structure[1]), [_encode(p) for p in structure[2]]]
+@functools.cache
+def register_weight_packing() -> None:
+    """Register Inductor's oneDNN weight-packing patterns now, as its first freezing with ``cpp.weight_prepack`` on
+    would (see :class:`without_weight_packing`). Inductor sets up its freezing patterns once a process, at the first
+    frozen graph, and registers these only if that graph packs its weights: a process whose first graph did not
+    pack never packed any later one. Registered first, a graph packs its weights if and only if its settings say
+    so (with :class:`without_weight_packing` around those that do not)."""
+    from torch._inductor.fx_passes import mkldnn_fusion
+    from torch._inductor.pattern_matcher import init_once_fakemode
+
+    init = getattr(mkldnn_fusion, "_mkldnn_weight_pack_init", None)
+    if init is not None:
+        init_once_fakemode(lambda: init())()
 
 
-def _decode(record):
-    """The structure :func:`_encode` wrote (a type named there that is not attnkit's own is refused)."""
-    if record is None or record == "tensor":
-        return record
-    if record[0] == "state":
-        return ("state", _named_type(record[1]), int(record[2]), int(record[3]))
-    if record[0] == "tuple":
-        return ("tuple", _named_type(record[1]), [_decode(p) for p in record[2]])
-    raise ValueError(f"an unknown structure {record[0]!r}")
+class without_weight_packing:  # noqa: N801 -- a context, used as a function is
+    """Inductor's freezing passes without their oneDNN weight-packing patterns, within the context.
+
+    Inductor registers those patterns the first time it freezes a graph with ``cpp.weight_prepack`` on, and from
+    then on its freezing passes apply them to every frozen graph of the process, whatever that graph's settings
+    (torch 2.13): a graph compiled with ``cpp.weight_prepack`` off after one compiled with it on came out packed,
+    so which products a graph ran depended on what the process had compiled before it. Here the freezing passes
+    run copies of Inductor's pattern passes without those patterns; before they are registered, nothing changes."""
+
+    def __enter__(self):
+        from torch._inductor.fx_passes import freezing_patterns, mkldnn_fusion
+
+        self.original = None
+        init = getattr(mkldnn_fusion, "_mkldnn_weight_pack_init", None)
+        if init is None or init.cache_info().currsize == 0:  # not registered: nothing to leave out
+            return self
+        self.original = passes = freezing_patterns.pass_patterns
+        kept = _unpacked_passes.get(id(passes))
+        if kept is None or kept[0] is not passes:
+            copies = []
+            for matcher in passes:
+                clean = copy.copy(matcher)
+                clean.patterns = type(matcher.patterns)(list, {
+                    key: [e for e in entries if getattr(getattr(e, "handler", None), "__module__", None)
+                          not in _PACKING_PATTERNS] for key, entries in matcher.patterns.items()})
+                copies.append(clean)
+            _unpacked_passes[id(passes)] = kept = (passes, copies)
+        freezing_patterns.pass_patterns = kept[1]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.original is not None:
+            from torch._inductor.fx_passes import freezing_patterns
+
+            freezing_patterns.pass_patterns = self.original
 
 
-def _unflatten(structure, leaves):
-    if structure is None:
-        return None
-    if structure == "tensor":
-        return next(leaves)
-    if structure[0] == "state":
-        _, state_type, beams, n = structure
-        return state_type.from_tensors([next(leaves) for _ in range(n)], beams)
-    _, kind, parts = structure
-    values = [_unflatten(p, leaves) for p in parts]
-    return kind(*values) if hasattr(kind, "_fields") else kind(values)
+def _state_as_pytree(kind: type) -> None:
+    """A decoder state as a node of torch's pytrees: its tensors the children, its beams the context, named for the
+    records that :meth:`_Package.save` writes with torch's own serializer of pytree structures (which builds
+    nothing from a record but the types registered under these names)."""
+    pytree.register_pytree_node(kind, lambda state: (state.tensors(), state.beams),
+                                lambda tensors, beams: kind.from_tensors(list(tensors), beams),
+                                serialized_type_name=f"attnkit.{kind.__name__}", to_dumpable_context=int,
+                                from_dumpable_context=int)
+
+
+for _kind in (GroupedDecoderState, ShortlistedState):
+    _state_as_pytree(_kind)
+pytree.register_pytree_node(BeamStep, lambda step: (list(step), None), lambda values, _: BeamStep(*values),
+                            serialized_type_name="attnkit.BeamStep")

@@ -70,7 +70,7 @@ def serve(specs: list[str], settings: Settings, log_level: str = "info") -> int:
         classifier = _classifier(path)
         precision = "fp32" if classifier else settings.precision
         model = attnkit.load(path, precision=precision, compile=False)
-        compiled = model.generative and (compiles_by_default(model.module) if settings.compile is None
+        compiled = model.compiles and (compiles_by_default(model.module) if settings.compile is None
                                          else settings.compile)
         if compiled:
             # in the background: requests are answered eagerly meanwhile, the compiled steps take over when ready
