@@ -197,7 +197,6 @@ def test_ahead_of_time_shortlisted_steps_equal_eager_ones_with_one_graph_for_eve
             _assert_same(_decode(decoder, src, beam, other[:9]), _decode(eager, src, beam, other[:9]))
     assert {name: dict(step.packages) for name, step in steps.items()} == built  # no new graph
     assert all(package is not None for packages in built.values() for package in packages.values())
-    assert all(step.fallback.compiled.fn is None for step in steps.values())  # torch.compile never ran
     assert decoder._aot_encoder.packages == {}
 
 
