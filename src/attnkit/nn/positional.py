@@ -31,7 +31,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Positions offset .. offset + length - 1 -> [length, d_model]. Python ints, not a tensor of positions:
-        torch.compile then traces a decoding step without a data-dependent branch."""
+        an exported decoding step is then traced without a data-dependent branch."""
         if offset + length > self.table.size(0):
             self.table = sinusoidal_table(2 * (offset + length), self.table.size(1)).to(self.table.device)
         return self.table[offset:offset + length]
