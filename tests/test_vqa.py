@@ -73,7 +73,7 @@ def test_glimpse_formulas():
     """x_c = sum_l alpha_{c,l} phi_l, and [phi_l ; s] puts the same s beside every cell."""
     g = torch.Generator().manual_seed(0)
     alpha, phi, s = torch.rand(2, 3, 5, generator=g), torch.randn(2, 5, 4, generator=g), torch.randn(2, 6)
-    expected = torch.stack([torch.stack([sum(alpha[b, c, l] * phi[b, l] for l in range(5)) for c in range(3)])
+    expected = torch.stack([torch.stack([sum(alpha[b, c, cell] * phi[b, cell] for cell in range(5)) for c in range(3)])
                             for b in range(2)])
     assert torch.allclose(glimpses(alpha, phi), expected, atol=1e-6)
     tiled = tile_question(s, phi)

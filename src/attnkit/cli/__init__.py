@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a Python file (or module) that registers model families or input kinds "
                              "(attnkit.register_family; docs/extending.md); repeatable, also ATTNKIT_PLUGINS")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (add_train, add_translate, add_evaluate, add_classify, add_align, add_plot_by_length, add_caption, add_answer,
+    for add in (add_train, add_translate, add_evaluate, add_classify, add_align, add_plot_by_length, add_caption,
+                add_answer,
                 add_generate, add_embed, add_shortlist, add_average, add_export, add_import_marian, add_compile,
                 add_serve, add_demo, add_data, add_bench):
         add(sub)
