@@ -49,11 +49,12 @@ class ImageQuestionKind(InputKind):
         return EXAMPLE_QUESTION
 
     def describe(self, model) -> dict:
-        """/v1/models: the grid, the answers, the glimpses (0: the baseline without attention) and what it reads."""
+        """/v1/models: the grid, the answers, and the glimpses (one layer of K heads over the grid; the baseline
+        without attention: its one uniform map; the question-only baseline: none)."""
         cfg = model.config.model
-        return {"grid": self.grid(model), "answers": list(model.tokenizers.answers),
-                "glimpses": cfg.glimpses if cfg.attention == "glimpses" else 0, "attention_kind": cfg.attention,
-                "image_size": model.config.data.image_size}
+        glimpses = {"glimpses": cfg.glimpses, "pooled": 1, "none": 0}[cfg.attention]
+        return {"grid": self.grid(model), "answers": list(model.tokenizers.answers), "glimpses": glimpses,
+                "attention": {"cross": {"layers": 1, "heads": glimpses}} if glimpses else {}}
 
     # --- requests
 
