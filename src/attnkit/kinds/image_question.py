@@ -83,7 +83,7 @@ class ImageQuestionKind(InputKind):
             "image": {"type": "string", "format": "binary",
                       "description": f"the image file (PNG, JPEG, ...); at most {settings.max_image_bytes} bytes and "
                                     f"{settings.max_image_pixels} pixels (more: 413)"},
-            "question": {**schema.STRING, "minLength": 1, "pattern": r"\S",
+            "question": {**schema.STRING, "minLength": 1, "pattern": r"\S", "x-max-words": MAX_QUESTION_WORDS,
                          "description": f"a question about the image, at most {MAX_QUESTION_WORDS} words; a word "
                                         "the model never saw is read as <unk> (listed in unknown_words)"},
             "model": {**schema.STRING, "description": "a served model's name (empty: the default)"}}}
