@@ -306,6 +306,9 @@ def test_answer_faults_are_one_line_and_answers_are_batched_as_the_api_answers(l
     one_line_error(post(png(), question="what color?", beam="2"), 422, "beam")
     one_line_error(c.post("/v1/answer", data={"model": "sat", "question": "what color?"},
                           files={"image": ("x.png", png(), "image/png")}), 422, "model")
+    described = next(m for m in c.get("/v1/models").json()["models"] if m["name"] == "vqa")
+    assert described["decode"] is None and described["answers"] == list(model.tokenizers.answers)
+    assert described["glimpses"] == 2 and described["grid"] == model.kind.grid(model)
     unknown = post(png(), question="what colour is the blob?")
     assert unknown.status_code == 200 and unknown.json()["unknown_words"] == ["colour", "blob"]
     from concurrent.futures import ThreadPoolExecutor
