@@ -15,6 +15,7 @@
 #              selected on dev, then their results JSON
 # make sst2-gpt — GPT-1's recipe on SST-2: attnkit's GPT fine-tuned from random weights and from the WikiText-2 LM
 #              (20 training minutes each), tabled with MiniLM fine-tuned and frozen
+# make easy-vqa — Show, Ask, Attend and Answer on easy-VQA and its two baselines (14 training minutes each), JSON
 # make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 # make flickr8k-transformer — the Transformer captioner on the same grids, then its JSON
@@ -41,7 +42,7 @@ JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /u
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) \
 	MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1$(,)lg_extent_max_active_fit:10)
 
-.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt transfer bench lint clean wheel-check threads-demo browser java screenshots
+.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer bench lint clean wheel-check threads-demo browser java screenshots
 
 $(STAMP): pyproject.toml | jemalloc
 	python3 -m venv $(VENV)
@@ -177,6 +178,19 @@ GLUE_TRAIN = $(VENV)/bin/attnkit train configs/glue_$(1).toml --run-dir runs/glu
 sst2 mrpc stsb: %: $(STAMP)
 	$(RUN) $(call GLUE_TRAIN,$*)
 	$(RUN) $(PY) bench/glue.py --run-dir runs/glue_$* --train-command "$(call GLUE_TRAIN,$*)"
+
+# visual question answering: the attention model and its two baselines (no attention, question only), each with
+# the same budget (EASY_VQA_MINUTES=1 make easy-vqa: a smoke), then all three scored on the test split
+EASY_VQA_MINUTES ?= 14
+EASY_VQA_TRAIN = $(VENV)/bin/attnkit train configs/easy_vqa.toml --run-dir runs/easy_vqa$(1) \
+	--set model.attention=$(2) --set train.max_minutes=$(EASY_VQA_MINUTES)
+easy-vqa: $(STAMP)
+	$(RUN) $(call EASY_VQA_TRAIN,,glimpses)
+	$(RUN) $(call EASY_VQA_TRAIN,_pooled,pooled)
+	$(RUN) $(call EASY_VQA_TRAIN,_question_only,none)
+	$(RUN) $(PY) bench/vqa.py --run glimpses=runs/easy_vqa --run pooled=runs/easy_vqa_pooled \
+		--run none=runs/easy_vqa_question_only --train-command "$(call EASY_VQA_TRAIN,,glimpses) && \
+		$(call EASY_VQA_TRAIN,_pooled,pooled) && $(call EASY_VQA_TRAIN,_question_only,none)"
 
 TORCHRUN := OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit train
 TRANSFER_PRE := $(TORCHRUN) configs/transfer_pretrain_wikitext2.toml --run-dir runs/transfer/pretrain

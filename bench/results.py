@@ -704,6 +704,35 @@ def block_fine_tuning(results: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+# easy-VQA's systems in the order of the lecture's argument: question alone, the image pooled, the image attended
+VQA_SYSTEMS = ("none", "pooled", "glimpses")
+VQA_TYPES = (("color", "color"), ("shape", "shape"), ("yes_no", "yes/no"))
+
+
+def block_vqa(results: dict) -> str:
+    r = results.get("easy_vqa")
+    if r is None:
+        return absent("easy_vqa")
+    m = r.get("metrics", {})
+    t = m.get("target") or {}
+    rows = ["| system | test accuracy | " + " | ".join(label for _, label in VQA_TYPES) + " | training |",
+            "|---|---|" + "---|" * len(VQA_TYPES) + "---|"]
+    for name in VQA_SYSTEMS:
+        s = get(r, "systems", name)
+        if s is None:
+            rows.append(f"| {name} | {NOT_RECORDED} |" + f" {NOT_RECORDED} |" * (len(VQA_TYPES) + 1))
+            continue
+        training = [counted(number(s.get("train_minutes"), 1), "training minutes"),
+                    counted(number(s.get("steps"), 0), "steps"), counted(number(s.get("epochs_completed"), 0),
+                                                                         "epochs")]
+        rows.append(f"| {text(s.get('title'))} | **{number(s.get('test_accuracy'))}** | "
+                    + " | ".join(number(s.get(f"test_accuracy_{key}")) for key, _ in VQA_TYPES)
+                    + f" | {', '.join(training)} |")
+    return "\n".join(rows) + (f"\n\n{number(m.get('test_questions'), 0)} test questions; the target: at least "
+                              f"{number(t.get('test_accuracy'), 1)}% within {number(t.get('train_minutes'), 0)} "
+                              f"training minutes ({link('easy_vqa', '../bench/results/')}).\n")
+
+
 def block_sst2_pretraining(results: dict) -> str:
     r = results.get("sst2_pretraining")
     if r is None:
@@ -1302,6 +1331,7 @@ BLOCKS = {
     "transfer": ("docs/results.md", block_transfer),
     "fine-tuning": ("docs/results.md", block_fine_tuning),
     "sst2-pretraining": ("docs/results.md", block_sst2_pretraining),
+    "vqa": ("docs/results.md", block_vqa),
     "complexity": ("docs/results.md", block_complexity),
     "sources": ("docs/results.md", block_sources),
     "readme": ("README.md", block_readme),

@@ -107,6 +107,12 @@ def filter_case(context, case) -> bool:
 
 
 def follows_rules(path: str, body) -> bool:
+    if path == "/v1/answer" and isinstance(body, dict) and isinstance(body.get("question"), str):
+        # x-max-words, and a question a form field carries as it is (no control characters, not only spaces)
+        question = body["question"]
+        return bool(question.strip()) and len(question.split()) <= _document()["paths"]["/v1/answer"]["post"][
+            "requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]["question"]["x-max-words"] \
+            and not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in question)
     if not isinstance(body, dict) or path not in ("/v1/translate", "/v1/generate", "/v1/attention", "/v1/score",
                                                   "/v1/classify"):
         return True

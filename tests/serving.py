@@ -59,6 +59,32 @@ def tiny_captioner_checkpoint(d: Path) -> Path:
     return write_checkpoint(d / "checkpoint", model, cfg, [d / "vocab.txt"], {"step": 0})
 
 
+def tiny_answerer_checkpoint(d: Path) -> Path:
+    """A visual question answering model (Show, Ask, Attend and Answer, random weights) over 32-pixel images."""
+    from attnkit.data.vqa import QuestionVocab, VQAExamples
+    from attnkit.models.vqa import ShowAskAttendAnswerConfig
+
+    d.mkdir(parents=True, exist_ok=True)
+    questions = ["what color is the shape?", "is there a circle?", "what shape is present?"]
+    vocab = QuestionVocab.build(VQAExamples([Path("x.png")] * 3, questions, ["red", "yes", "circle"], ["all"] * 3),
+                                d)
+    cfg = ExperimentConfig(name="vqa_tiny")
+    cfg.model = ShowAskAttendAnswerConfig(cnn_channels=(4, 8), embedding_size=8, hidden_size=8, attention_size=8,
+                                          classifier_size=8, dropout=0.0)
+    cfg.data = dataclasses.replace(cfg.data, format="easy_vqa", image_size=32)
+    torch.manual_seed(0)
+    from attnkit.models.vqa import answering_model
+
+    return write_checkpoint(d / "checkpoint", answering_model(cfg, vocab), cfg, vocab.paths, {"step": 0})
+
+
+def answerers(tmp_path_factory) -> dict:
+    """A tiny VQA model, loaded, as "vqa"."""
+    import attnkit
+
+    return {"vqa": attnkit.load(tiny_answerer_checkpoint(tmp_path_factory.mktemp("vqa")))}
+
+
 def classifiers(request) -> dict:
     """tests/conftest.py's fine-tuned classifier (SST-2) and regressor (STS-B pairs), loaded, as "sst" and "sts";
     {} where they cannot be built (no GLUE data, no pretrained BERT), so that a server's other endpoints are still

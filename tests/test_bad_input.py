@@ -597,3 +597,96 @@ def test_classifier_bad_input(name, setup, needle, tmp_path, classifier_run, reg
     for n in needle if isinstance(needle, tuple) else (needle,):
         assert n in lines[0], (n, lines[0])
     assert [tree_digest(root) for root in roots] == before
+
+
+# --- visual question answering: attnkit answer and evaluate --data with a VQA model
+
+VQA_CASES = []
+
+
+def vqa_case(name, needle):
+    def register(setup):
+        VQA_CASES.append((name, setup, needle))
+        return setup
+    return register
+
+
+class VQAWork:
+    def __init__(self, root: Path, vqa: Path, translator: Path):
+        from serving import png
+
+        self.root, self.vqa, self.translator = root, vqa, translator
+        self.image = root / "shape.png"
+        self.image.write_bytes(png())
+
+    def write(self, name: str, text) -> Path:
+        path = self.root / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+        return path
+
+    def answer(self, *more) -> list:
+        return ["answer", "--checkpoint", self.vqa, *more]
+
+
+def _huge_png() -> bytes:
+    """A PNG whose header declares 100,000 x 100,000 pixels (past PIL's decompression-bomb limit)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 1, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+vqa_case("not_an_image", ("notes.png", "cannot read image"))(
+    lambda w: w.answer(w.write("notes.png", "just some text\n"), "what color is the shape?"))
+vqa_case("image_past_the_pixel_limit", ("huge.png", "cannot read image"))(
+    lambda w: w.answer(w.write("huge.png", _huge_png()), "what color is the shape?"))
+vqa_case("empty_question", "QUESTION: empty")(lambda w: w.answer(w.image, "  "))
+vqa_case("missing_image", "nowhere.png: image not found")(lambda w: w.answer(w.root / "nowhere.png", "what?"))
+vqa_case("one_argument", "IMAGE QUESTION")(lambda w: w.answer(w.image))
+vqa_case("jsonl_invalid", "q.jsonl:2: invalid JSON")(
+    lambda w: w.answer("--input", w.write("q.jsonl", '{"image": "shape.png", "question": "what?"}\n{oops\n')))
+vqa_case("jsonl_missing_question", ("q.jsonl:1", "'question'"))(
+    lambda w: w.answer("--input", w.write("q.jsonl", '{"image": "shape.png"}\n')))
+vqa_case("jsonl_empty_question", ("q.jsonl:1", "'question'", "non-empty"))(
+    lambda w: w.answer("--input", w.write("q.jsonl", '{"image": "shape.png", "question": ""}\n')))
+vqa_case("jsonl_image_not_found", ("q.jsonl:1", "field 'image'", "gone.png"))(
+    lambda w: w.answer("--input", w.write("q.jsonl", '{"image": "gone.png", "question": "what?"}\n')))
+vqa_case("tsv_without_question_column", ("q.tsv:1", "'question'"))(
+    lambda w: w.answer("--input", w.write("q.tsv", "image\tquery\nshape.png\twhat?\n")))
+vqa_case("image_dir_without_input", "--image-dir")(lambda w: w.answer(w.image, "what?", "--image-dir", w.root))
+vqa_case("translation_model_answers", "cannot answer")(
+    lambda w: ["answer", "--checkpoint", w.translator, w.image, "what color is the shape?"])
+vqa_case("evaluate_without_answers", ("d.jsonl:1", "'answer'"))(
+    lambda w: ["evaluate", "--checkpoint", w.vqa, "--data",
+               w.write("d.jsonl", '{"image": "shape.png", "question": "what?"}\n')])
+vqa_case("evaluate_format_of_another_task", ("sst2:dev", "not a corpus of questions"))(
+    lambda w: ["evaluate", "--checkpoint", w.vqa, "--data", "sst2:dev"])
+
+
+@pytest.fixture(scope="module")
+def vqa_checkpoint(tmp_path_factory) -> Path:
+    from serving import tiny_answerer_checkpoint
+
+    return tiny_answerer_checkpoint(tmp_path_factory.mktemp("vqa"))
+
+
+@pytest.mark.parametrize("name, setup, needle", VQA_CASES, ids=[c[0] for c in VQA_CASES])
+def test_vqa_bad_input(name, setup, needle, tmp_path, vqa_checkpoint, trained_checkpoint, capsys, monkeypatch):
+    monkeypatch.delenv("ATTNKIT_DEBUG", raising=False)
+    w = VQAWork(tmp_path, vqa_checkpoint, trained_checkpoint)
+    monkeypatch.chdir(tmp_path)
+    argv = [str(a) for a in setup(w)]
+    before = [tree_digest(tmp_path), tree_digest(vqa_checkpoint)]
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (code, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnkit: error: ") and "Traceback" not in err, err
+    for n in needle if isinstance(needle, tuple) else (needle,):
+        assert n in lines[0], (n, lines[0])
+    assert [tree_digest(tmp_path), tree_digest(vqa_checkpoint)] == before

@@ -35,6 +35,7 @@ from attnkit.models.lm import LMConfig
 from attnkit.models.rnn import RNNSearchConfig
 from attnkit.tokens import BOS, EOS
 from conftest import tiny_model_config
+from serving import tiny_answerer_checkpoint
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -183,7 +184,8 @@ def checkpoints(tmp_path_factory, trained_checkpoint) -> dict[str, Path]:
     return {"dates": build_dates(root / "dates", trained_checkpoint),
             "rnnsearch": build_rnnsearch(root / "rnnsearch", trained_checkpoint),
             "lm": build_lm(root / "lm"), "captioner": build_captioner(root / "captioner"),
-            "wide": build_wide(root / "wide", trained_checkpoint)}
+            "wide": build_wide(root / "wide", trained_checkpoint),
+            "vqa": tiny_answerer_checkpoint(root / "vqa")}
 
 
 @pytest.fixture(scope="module")
@@ -474,6 +476,34 @@ def test_caption_an_uploaded_image_word_by_word(page, downloads):
     page.open("caption?image=beach&word=2", runs=1)
     assert page.data("[data-role=image]", "word") == "2"
     assert page.find("canvas[data-sample=beach]").get_attribute("class") == "on"
+
+
+def test_ask_answers_and_each_question_moves_the_glimpses(page, downloads):
+    page.open("ask", runs=1)  # answers its first question about a sample easy-VQA image
+    answers = set(page.js("return window.attnkit.view.exportJSON().answer.probabilities ? "
+                          "Object.keys(window.attnkit.view.exportJSON().answer.probabilities) : []"))
+    assert page.find("[data-role=answer]").text.split(" (")[0] in answers
+    assert len(page.finds("[data-role=probabilities] [data-answer]")) == len(answers)
+    glimpses = page.finds("[data-role=glimpses] figure")
+    assert len(glimpses) == 2
+
+    def maps():
+        return page.js("return window.attnkit.view.exportJSON().answer.glimpses")
+
+    first = maps()
+    for g in first:
+        assert abs(sum(sum(row) for row in g) - 1) < 0.01  # each glimpse a distribution over the grid
+    n = page.done()
+    page.type("[data-role=question]", "is there a circle in the image?")  # re-answered as it is edited
+    page.wait(lambda: page.done() > n and page.js("return window.attnkit.view.exportJSON().question")
+              == "is there a circle in the image?", what="the edited question's answer")
+    page.wait(lambda: page.js("return window.attnkit.view.exportJSON().answer.question")
+              == "is there a circle in the image?", what="the answer to the edited question")
+    assert maps() != first  # another question, another map
+    assert "question=is" in page.js("return location.hash")
+    data = json.loads(_export(page, downloads, "json").read_text())
+    assert data["answer"]["grid"] == [8, 8] and len(data["answer"]["glimpses"]) == 2
+    _export(page, downloads, "png")
 
 
 def test_rnnsearch_alignment(page, downloads):

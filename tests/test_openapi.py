@@ -19,22 +19,28 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serving import LiveServer, classifiers, png, schemathesis  # noqa: E402
+from serving import LiveServer, answerers, classifiers, png, schemathesis  # noqa: E402
 
 POSTS = ("/v1/translate", "/v1/generate", "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional")
 ERRORS = {"400", "404", "408", "413", "422", "429", "500", "504"}
 
 
 @pytest.fixture(scope="module")
-def live(served_models, request):
-    server = LiveServer({**served_models, **classifiers(request)})
+def live(served_models, request, tmp_path_factory):
+    server = LiveServer({**served_models, **classifiers(request), **answerers(tmp_path_factory)})
     yield server
     server.close()
 
 
 def posts(live) -> tuple[str, ...]:
-    """The POST endpoints of the server: /v1/classify where it serves a classifier."""
-    return POSTS + (("/v1/classify",) if "sst" in live.models else ())
+    """The POST endpoints of the server: those some served model answers (attnkit.serve.compute.serves), each
+    endpoint of POSTS among them (/v1/classify where it serves a classifier, /v1/answer a VQA model)."""
+    from attnkit.serve.compute import CAPABILITY, serves
+
+    served = live.app.state.models.values()
+    found = tuple(path for path in CAPABILITY if any(serves(m, path) for m in served))
+    assert set(POSTS) <= set(found)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +70,8 @@ def test_required_fields_are_required_and_ranges_are_the_servers(document, live)
     import jsonschema
 
     for path in posts(live):
-        if path == "/v1/caption":
-            continue
+        if "application/json" not in document["paths"][path]["post"]["requestBody"]["content"]:
+            continue  # a multipart upload (caption, answer)
         schema = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         valid = jsonschema.Draft202012Validator(schema).is_valid({})
         r = live.client.post(path, json={})
@@ -157,8 +163,11 @@ def test_a_client_built_from_the_document_gets_the_documented_answers(live, docu
             content = operation["requestBody"]["content"]
             if "multipart/form-data" in content:
                 schema = content["multipart/form-data"]["schema"]
+                fields = {key: example(schema["properties"][key], document, image)
+                          for key in schema.get("required", []) if key != "image"}
                 for name in schema["properties"]["model"]["enum"]:
-                    r = live.client.post(path, files={"image": ("x.png", image, "image/png")}, data={"model": name})
+                    r = live.client.post(path, files={"image": ("x.png", image, "image/png")},
+                                         data={**fields, "model": name})
                     assert r.status_code == 200, r.text
                     check(method, path, r, validate_request=False)  # multipart bodies: the answer is checked
                 continue

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from attnkit.data import generate_dates  # noqa: E402
-from serving import LiveServer, classifiers, one_line_error, png, sse  # noqa: E402
+from serving import LiveServer, answerers, classifiers, one_line_error, png, sse  # noqa: E402
 
 PROBE_SENTENCE = "12 March 1994"
 BODY_TIMEOUT = 2.0
@@ -68,8 +68,9 @@ class Probe:
 
 
 @pytest.fixture(scope="module")
-def live(served_models, request):
-    server = LiveServer({**served_models, **classifiers(request)}, max_image_bytes=200_000, max_image_pixels=1_000_000,
+def live(served_models, request, tmp_path_factory):
+    server = LiveServer({**served_models, **classifiers(request), **answerers(tmp_path_factory)},
+                        max_image_bytes=200_000, max_image_pixels=1_000_000,
                         body_timeout=BODY_TIMEOUT, max_new_tokens=10**6, timeout=20.0)
     server.probe = Probe(server.url, served_models["dates"].translate([PROBE_SENTENCE])[0])
     yield server
@@ -288,6 +289,43 @@ def test_oversized_bodies_and_images(live):
     # within every limit, the same server captions
     assert c.post("/v1/caption", data={"model": "sat"}, files={"image": ("ok.png", png(), "image/png")}
                   ).status_code == 200
+
+
+def test_answer_faults_are_one_line_and_answers_are_batched_as_the_api_answers(live):
+    """/v1/answer: not an image, an empty or missing question, an image past the limits are one-line 4xx naming
+    the field; a word never seen is answered, and said so; concurrent requests answer as Model.answer does."""
+    c, model = live.client, live.models["vqa"]
+    post = lambda image, **fields: c.post("/v1/answer", data={"model": "vqa", **fields},  # noqa: E731
+                                          files={"image": ("x.png", image, "image/png")})
+    one_line_error(post(b"not an image at all", question="what color?"), 422, "image")
+    one_line_error(post(png(), question="   "), 422, "question")
+    one_line_error(post(png()), 422, "question")
+    one_line_error(post(b"", question="what color?"), 422, "image")
+    one_line_error(post(png_declaring(5000, 5000), question="what color?"), 413, "image")
+    one_line_error(post(noise_png(300), question="what color?"), 413, "body")
+    one_line_error(post(png(), question="what color?", beam="2"), 422, "beam")
+    one_line_error(c.post("/v1/answer", data={"model": "sat", "question": "what color?"},
+                          files={"image": ("x.png", png(), "image/png")}), 422, "model")
+    described = next(m for m in c.get("/v1/models").json()["models"] if m["name"] == "vqa")
+    assert described["decode"] is None and described["answers"] == list(model.tokenizers.answers)
+    assert described["glimpses"] == 2 and described["grid"] == model.kind.grid(model)
+    unknown = post(png(), question="what colour is the blob?")
+    assert unknown.status_code == 200 and unknown.json()["unknown_words"] == ["colour", "blob"]
+    from concurrent.futures import ThreadPoolExecutor
+
+    images = [png(color) for color in ((200, 30, 30), (30, 200, 30), (30, 30, 200), (90, 90, 90))]
+    questions = ["what color is the shape?", "is there a circle?", "what shape is present?", "is there a red shape?"]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda iq: post(iq[0], question=iq[1]).json(), zip(images, questions)))
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i, data in enumerate(images):
+            paths.append(Path(tmp) / f"{i}.png")
+            paths[-1].write_bytes(data)
+        expected = model.answer(paths, questions)
+    for got, want in zip(answers, expected):
+        assert got["answer"] == want.answer and abs(got["probability"] - want.probability) < 1e-3
+        assert len(got["glimpses"]) == model.config.model.glimpses and got["grid"] == model.kind.grid(model)
 
 
 def test_a_trickled_body_is_read_within_the_body_timeout_and_refused_past_it(live, served_models):

@@ -550,6 +550,35 @@ class Model:
             predictions, golds = [index[c.label] for c in results], [index[g] for g in data.labels]
         return ClassificationTask.score(self.problem, predictions, golds, len(labels)), results
 
+    def answer(self, images, questions, batch_size: int = 64):
+        """Answer questions about images (a visual question answering model): one image file and one question -> an
+        :class:`~attnkit.decode.answer.Answer` (the answer, its probability, every answer's probability, each
+        glimpse's attention over the image grid, the question's words the model never saw); lists of both -> a
+        list of answers, in input order. An empty question, or an image that is not one, is a one-line error."""
+        from attnkit.decode.answer import answer
+
+        self.require("answer")
+        one = isinstance(questions, str)
+        if one != isinstance(images, (str, Path)):
+            raise AttnkitError("answer: give one image and one question, or a list of each")
+        images, questions = ([images], [questions]) if one else (list(images), list(questions))
+        if len(images) != len(questions):
+            raise AttnkitError(f"answer: {len(images)} images but {len(questions)} questions")
+        self.kind.check(self, list(zip(images, questions)))
+        out = answer(self.module, self.tokenizers, images, [q.strip() for q in questions],
+                     self.config.data.image_size, self.kind.grid(self), batch_size)
+        return out[0] if one else out
+
+    def evaluate_answers(self, data, batch_size: int = 64) -> tuple[dict[str, float], list]:
+        """Score a visual question answering model on questions with their answers (:class:`attnkit.data.vqa.
+        VQAExamples`: easy-VQA's test split, or your own JSONL or TSV): accuracy overall and per question type, in
+        percent, as its training's validation reports them -> (the scores, the answers they score)."""
+        from attnkit.evaluate.metrics import answer_scores
+
+        self.require("answer")
+        results = self.answer(data.images, data.questions, batch_size)
+        return answer_scores([r.answer for r in results], data.answers, data.types), results
+
     def _check_pairs(self, given: bool) -> None:
         """A sentence pair for a model of single sentences, or one sentence for a model of pairs, is refused: the
         model would answer, but about an input it was never trained to read."""

@@ -77,6 +77,7 @@ class DataConfig:
     label_column: str = "label"
     regression: bool = False  # labels are real-valued scores (one output), not class names
     truncate: int = 128  # classification: a longer input is cut to this many word pieces ([CLS], [SEP] counted)
+    image_dir: str = ""  # format = "vqa": where the files' images are (empty: beside each file)
 
 
 @dataclass
@@ -312,6 +313,7 @@ _CHOICES = {
     ("model", "positional"): ("sinusoidal", "learned"),
     ("data", "format"): tuple(registry.FORMATS),
     ("model", "pooling"): ("cls", "mean"),
+    ("model", "attention"): ("glimpses", "pooled", "none"),
     ("data", "spm_model_type"): ("unigram", "bpe", "char"),
     ("data", "lm_tokenizer"): ("corpus", "spm"),
     ("train", "schedule"): ("noam", "inverse_sqrt", "cosine", "linear", "constant"),

@@ -128,6 +128,8 @@ _FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt_classifier", "attnkit.models.gpt_classifier:GPTClassifierConfig",
            "attnkit.models.gpt_classifier:build_gpt_classifier", "classification", "sentences", output="label",
            pretrained="attnkit.pretrained:GPT"),
+    Family("show_ask_attend_answer", "attnkit.models.vqa:ShowAskAttendAnswerConfig",
+           "attnkit.models.vqa:build_show_ask_attend_answer", "answering", "image_question", output="label"),
 )}
 
 _KINDS: dict[str, object] = {
@@ -135,6 +137,7 @@ _KINDS: dict[str, object] = {
     "image": "attnkit.kinds.image:IMAGE",
     "prompt": "attnkit.kinds.prompt:PROMPT",
     "sentences": "attnkit.kinds.sentences:SENTENCES",
+    "image_question": "attnkit.kinds.image_question:IMAGE_QUESTION",
 }
 
 _FORMATS: dict[str, DataFormat] = {f.name: f for f in (
@@ -149,6 +152,8 @@ _FORMATS: dict[str, DataFormat] = {f.name: f for f in (
     DataFormat("mrpc", "classification", reader="attnkit.data:read_glue", metric="f1", pairs=True),
     DataFormat("stsb", "classification", reader="attnkit.data:read_glue", regression=True, pairs=True),
     DataFormat("labelled", "classification", needs=("train_file", "valid_file")),
+    DataFormat("easy_vqa", "answering", reader="attnkit.data.vqa:easy_vqa_split"),
+    DataFormat("vqa", "answering", needs=("train_file", "valid_file"), reader="attnkit.data.vqa:read_vqa_split"),
 )}
 
 _TASKS: dict[str, Task] = {t.name: t for t in (
@@ -160,6 +165,8 @@ _TASKS: dict[str, Task] = {t.name: t for t in (
          "attnkit.checkpoint:language_model"),
     Task("classification", "attnkit.train.tasks:ClassificationTask", "attnkit.checkpoint:classifier_tokenizer",
          "attnkit.checkpoint:classifier_model"),
+    Task("answering", "attnkit.train.vqa:AnswerTask", "attnkit.data.vqa:question_vocab",
+         "attnkit.models.vqa:answering_model"),
 )}
 
 # the fast runtime's tricks (attnkit.fast.use), by the name ``train.fast`` gives them: each installs itself on a model

@@ -1,6 +1,6 @@
 """attnkit: train, decode, evaluate and show attention-based sequence models.
 
-Subcommands: train, translate, evaluate, classify, align, plot-by-length, caption, generate, embed, average,
+Subcommands: train, translate, evaluate, classify, align, plot-by-length, caption, answer, generate, embed, average,
 export, import-marian, compile, demo, serve, bench. Every user error (bad config key, misaligned files, broken
 checkpoint) ends as one line on stderr and exit status 2, checked before any work where it can be (option ranges,
 by the options' argparse types; output paths); OS and file-format errors (a missing file, a directory, a full
@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from attnkit import __version__
+from attnkit.cli.answer import add_answer
 from attnkit.cli.bench import add_bench, add_plot_by_length, cmd_bench, cmd_plot_by_length
 from attnkit.cli.common import ArgumentParser, OptionError, at_least
 from attnkit.cli.data import add_data, cmd_data_fetch
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(attnkit.register_family; docs/extending.md); repeatable, also ATTNKIT_PLUGINS")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_train, add_translate, add_evaluate, add_classify, add_align, add_plot_by_length, add_caption,
+                add_answer,
                 add_generate, add_embed, add_shortlist, add_average, add_export, add_import_marian, add_compile,
                 add_serve, add_demo, add_data, add_bench):
         add(sub)

@@ -68,7 +68,8 @@ def add_evaluate(sub) -> None:
     p.add_argument("--ref", help="translation: the reference translations, one a line")
     p.add_argument("--data", metavar="FILE",
                    help="a classifier: the labelled file to score it on; its columns are GLUE's, the checkpoint's "
-                        "own (data.text_column ...), or those named by --text-column, --pair-column, --label-column")
+                        "own (data.text_column ...), or those named by --text-column, --pair-column, --label-column; "
+                        "a VQA model: a JSONL or TSV of image, question, answer (or easy_vqa:test)")
     p.add_argument("--text-column", help="--data: the column of the (first) sentence")
     p.add_argument("--pair-column", help="--data: the column of the second sentence of a pair")
     p.add_argument("--label-column", help="--data: the column of the label or score (default: label)")
@@ -324,12 +325,12 @@ def _classification_line(c) -> str:
     return f"{c.label}\t{{{values}}}"
 
 
-def _classifier(args):
-    """The checkpoint of ``--checkpoint`` as an :class:`attnkit.api.Model` that classifies (else one line), and the
-    reader of its inputs."""
+def _classifier(args, model=None):
+    """The checkpoint of ``--checkpoint`` (or ``model``, loaded from it) as an :class:`attnkit.api.Model` that
+    classifies (else one line), and the reader of its inputs."""
     from attnkit.api import load
 
-    model = load(args.checkpoint, precision=args.precision)
+    model = model or load(args.checkpoint, precision=args.precision)
     model.require("classify")
     return model, ClassifierInput(model.config.data, model.takes_pairs, model.problem == "regression", model.path)
 
@@ -346,8 +347,16 @@ def cmd_classify(args) -> int:
 
 def _evaluate_classifier(args) -> int:
     """`attnkit evaluate --data FILE` for a classifier: its predictions on a labelled file scored with the task's
-    metrics (:meth:`~attnkit.api.Model.evaluate`), printed as one JSON object with the number of examples ``n``."""
-    model, reader = _classifier(args)
+    metrics (:meth:`~attnkit.api.Model.evaluate`), printed as one JSON object with the number of examples ``n``.
+    A model that answers questions about images scores its answers instead (:func:`attnkit.cli.answer.
+    evaluate_answers`)."""
+    from attnkit.api import load
+    from attnkit.cli.answer import evaluate_answers
+
+    model = load(args.checkpoint, precision=args.precision)
+    if "answer" in model.capabilities:
+        return evaluate_answers(model, args)
+    model, reader = _classifier(args, model)
     path = Path(args.data)
     data = reader.labelled(path, args.text_column, args.pair_column, args.label_column)
     scores, results = model.evaluate(data, args.batch_tokens)

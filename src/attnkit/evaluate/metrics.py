@@ -196,6 +196,23 @@ def classification_scores(predictions: list[int], golds: list[int], n_labels: in
             "matthews": 100 * float(matthews_corrcoef(golds, predictions))}
 
 
+def answer_scores(predictions: list, golds: list, types: list[str]) -> dict[str, float]:
+    """VQA's accuracy of predicted answers against the gold ones, overall (``accuracy``) and per question type
+    (``accuracy_<type>``, the type's spaces and slashes as underscores: ``accuracy_yes_no``), in percent, from
+    scikit-learn."""
+    from sklearn.metrics import accuracy_score
+
+    if not golds:
+        raise AttnkitError("no examples to score")
+    scores = {"accuracy": 100 * float(accuracy_score(golds, predictions))}
+    for kind in sorted(set(types)):
+        rows = [i for i, t in enumerate(types) if t == kind]
+        name = "".join(c if c.isalnum() else "_" for c in kind)
+        scores[f"accuracy_{name}"] = 100 * float(accuracy_score([golds[i] for i in rows],
+                                                                [predictions[i] for i in rows]))
+    return scores
+
+
 def regression_scores(predictions: list[float], golds: list[float]) -> dict[str, float]:
     """STS-B's scores of predicted against gold similarities, from SciPy: Pearson's and Spearman's correlation,
     times 100 as GLUE prints them (0 where the predictions are constant: no correlation is defined)."""

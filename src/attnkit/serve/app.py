@@ -140,6 +140,13 @@ POST /v1/positional  (Transformer families)
     -> ``{"model": "...", "kind": "sinusoidal", "d_model": 512, "matrix": [[...d_model floats...] per position],
     "dot": [[...positions floats...] per position]}``   # dot: the dot products between positions
 
+POST /v1/answer  (visual question answering; multipart/form-data)
+    fields ``image`` (file, required; at most 10 MiB), ``question`` (required, not empty), ``model``
+    -> ``{"model": "...", "question": "what color is the shape?", "answer": "red", "probability": 0.99,
+    "probabilities": {"black": 0.0, ...}, "glimpses": [[[...grid floats...] per row] per glimpse],
+    "unknown_words": ["colour"],   # words the model never saw, read as <unk>
+    "grid": [8, 8]}``   # glimpses: null for the question-only baseline. Requests to one model share batches.
+
 GET /metrics
     Prometheus text: ``attnkit_requests_total{endpoint,status}``, ``attnkit_request_seconds`` (histogram per
     endpoint), ``attnkit_batch_sentences`` and ``attnkit_batch_seconds`` (histograms), ``attnkit_queue_depth``,
@@ -382,6 +389,21 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
             raise ApiError(422, f"{extra[0]}: unknown field (fields: image, model, beam, attention)")
         check_image(data, settings)
         return await run(job("caption", m, {"image": data, "beam": beam, "attention": attention}), request)
+
+    @app.post("/v1/answer")
+    async def answer(request: Request):
+        form = await _form(request, settings)
+        m = pick(form.get("model") or None, "/v1/answer")
+        upload = form.get("image")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(422, "image: required (a multipart file field named image)")
+        extra = sorted(set(form.keys()) - {"model", "image", "question"})
+        if extra:
+            raise ApiError(422, f"{extra[0]}: unknown field (fields: image, question, model)")
+        data = await upload.read()
+        question = m.model.kind.check_upload(data, form.get("question"), settings)
+        return await run(job("answer", m, {"image": data, "question": question}, key=("answer", m.name),
+                             tokens=len(question.split()) + 1), request)
 
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest, request: Request):

@@ -100,7 +100,7 @@ def check_classify(m, body) -> None:
 
 CAPABILITY = {"/v1/translate": "translate", "/v1/generate": "generate", "/v1/caption": "caption",
               "/v1/attention": "attention", "/v1/score": "score", "/v1/positional": "attention",
-              "/v1/classify": "classify"}
+              "/v1/classify": "classify", "/v1/answer": "answer"}
 
 
 def serves(m, endpoint: str) -> bool:
@@ -135,6 +135,11 @@ def describe(m, default: bool) -> dict:
     model = m.model
     if "classify" in model.capabilities:
         m.info = _describe_classifier(m)
+        return {**m.info, "default": default}
+    if not model.generative:  # it decodes nothing: what it reads and answers is its input kind's to say
+        m.info = {"name": m.name, "family": model.family, "capabilities": sorted(model.capabilities),
+                  "path": str(model.path), "decode": None, "attention": {}, "positional": None,
+                  "max_positions": None, **model.kind.describe(model), "example": model.kind.example(model)}
         return {**m.info, "default": default}
     d = model.config.decode
     counts = {}
@@ -179,6 +184,8 @@ def run_batch(batch: list[Job], settings) -> list:
         return run_translate(batch, settings)
     if kind == "classify":
         return run_classify(batch, settings)
+    if kind == "answer":
+        return run_answer(batch, settings)
     job = batch[0]
     try:
         return [RUNNERS[kind](job, settings)]
@@ -309,6 +316,22 @@ def run_classify(jobs: list[Job], settings) -> list:
         answers.append(out)
         start += n
     return answers
+
+
+def run_answer(jobs: list[Job], settings) -> list:
+    """Every request's question about its image answered in one batch (:meth:`attnkit.api.Model.answer`), then
+    each request's answer with each glimpse's map over the image grid."""
+    from contextlib import ExitStack
+
+    if all(j.cancelled for j in jobs):
+        raise Abandoned
+    m = jobs[0].served
+    with ExitStack() as files:
+        paths = [files.enter_context(m.model.kind.opened(j.payload["image"])) for j in jobs]
+        answers = m.model.answer(paths, [j.payload["question"] for j in jobs])
+    grid = m.model.kind.grid(m.model)
+    return [{"model": m.name, "question": j.payload["question"], **a.to_json(), "grid": grid}
+            for j, a in zip(jobs, answers)]
 
 
 # --- language models

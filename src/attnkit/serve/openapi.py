@@ -204,7 +204,8 @@ def _answers() -> dict:
                                                                          ["layers", "heads"])},
             "grid": _nullable(grid), "positional": _nullable(STRING), "max_positions": _nullable(INTEGER),
             "example": _nullable(STRING), "example_pair": _nullable(STRING), "labels": words,
-            "problem": {"enum": ["classification", "regression"]}, "pairs": BOOLEAN},
+            "problem": {"enum": ["classification", "regression"]}, "pairs": BOOLEAN, "answers": words,
+            "glimpses": {**INTEGER, "description": "a VQA model's attention maps over the grid (0: none)"}},
             ["name", "family", "default", "capabilities", "path", "decode", "attention", "grid", "positional",
              "max_positions", "example"]))}, ["models"]),
         "Translation": _obj({
@@ -244,6 +245,13 @@ def _answers() -> dict:
                 "attention": maps, "rollout": matrix},
                 ["pieces", "token_types", "label", "value", "occlusion", "attention", "rollout"])},
             ["model", "results"]),
+        "Answer": _obj({
+            "model": STRING, "question": STRING, "answer": STRING, "probability": NUMBER,
+            "probabilities": {"type": "object", "additionalProperties": NUMBER, "description": "answer -> probability"},
+            "glimpses": _nullable(_array(matrix, description="per glimpse: its weights over the grid's rows and "
+                                                             "columns (null: the question-only baseline)")),
+            "unknown_words": words, "grid": grid},
+            ["model", "question", "answer", "probability", "probabilities", "glimpses", "unknown_words", "grid"]),
         "Positional": _obj({"model": STRING, "kind": _nullable(STRING), "d_model": INTEGER, "matrix": matrix,
                             "dot": matrix}, ["model", "kind", "d_model", "matrix", "dot"]),
     }
@@ -319,6 +327,17 @@ def openapi_document(served: dict, default: str, settings: Settings, version: st
             "schema": form, "encoding": {"image": {"contentType": "image/*"}}}}}
         paths["/v1/caption"] = {"post": operation("Caption", _responses(POST_ERRORS + extra, "Caption", retry=True),
                                                   body)}
+    answerers = [m for m in served.values() if serves(m, "/v1/answer")]
+    if answerers:
+        first = default_for(served, default, "/v1/answer")
+        form = answerers[0].model.kind.answer_schema(answerers[0].model, settings)
+        form["properties"]["model"] = {"type": "string", "enum": [m.name for m in answerers] + [""],
+                                       "description": f"a VQA model (empty or absent: {first})"}
+        form["additionalProperties"] = False
+        body = {"required": True, "content": {"multipart/form-data": {
+            "schema": form, "encoding": {"image": {"contentType": "image/*"}}}}}
+        paths["/v1/answer"] = {"post": operation("Answer", _responses(POST_ERRORS + extra, "Answer", retry=True),
+                                                 body)}
     document = {
         "openapi": "3.1.0",
         "info": {"title": "attnkit serve", "version": version,

@@ -9,10 +9,11 @@ import interventions from "./views/interventions.js";
 import lm from "./views/lm.js";
 import classify from "./views/classify.js";
 import caption from "./views/caption.js";
+import ask from "./views/ask.js";
 import rnnsearch from "./views/rnnsearch.js";
 import positional from "./views/positional.js";
 
-const VIEWS = [translate, modelView, interventions, lm, classify, caption, rnnsearch, positional];
+const VIEWS = [translate, modelView, interventions, lm, classify, caption, ask, rnnsearch, positional];
 const byId = Object.fromEntries(VIEWS.map((v) => [v.id, v]));
 
 window.attnkit = window.attnkit || {};

@@ -1,0 +1,192 @@
+"""Show, Ask, Attend and Answer (Kazemi & Elqursh 2017): the question decides where the model looks in the image.
+
+The one "X, attend and Y" model whose attention query comes from a second input: the same image gets a different
+attention map for each question. With the paper's names (section 3):
+
+    phi = CNN(I)                                    the image grid: L = h*w cells of C channels, each l2-normalised
+    s = LSTM(E q)                                   the question state: the LSTM's last state over its words
+    F_c = W_2 relu(W_1 [phi_l ; s])                 attention logits of glimpse c at cell l (two 1x1 convolutions
+                                                    over the grid with s tiled over every cell)
+    alpha_{c,l} = exp F_{c,l} / sum_k exp F_{c,k}   a softmax over the cells, one map per glimpse c = 1..K
+    x_c = sum_l alpha_{c,l} phi_l                   each glimpse: a weighted sum of cell features
+    P(a | I, q) = softmax(W_4 relu(W_3 [x_1; ..; x_K; s]))     a classifier over the answers
+
+Two baselines beside it (``attention``), what the lecture's argument needs: ``"pooled"`` replaces the glimpses by
+the grid's mean (every alpha_l = 1/L: attention that looks everywhere), ``"none"`` reads the question alone (no
+image at all). The grid is the output of a small CNN trained from scratch (``cnn_channels``: one 3x3 convolution,
+batch norm, ReLU and 2x2 max-pooling per entry, so 64-pixel images and 3 entries give an 8 x 8 grid).
+
+Inputs: ``images`` [B, 3, S, S] uint8 pixels, ``questions`` [B, T] word ids (PAD after each question's end).
+Padding never reaches the question state (the LSTM reads each question packed to its own length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from attnkit.config import ModelConfig
+from attnkit.errors import AttnkitError
+from attnkit.models.contract import AttentionMaps, ModelOutput
+from attnkit.nn.vision import normalize
+from attnkit.tokens import PAD
+
+ATTENTIONS = ("glimpses", "pooled", "none")
+
+
+@dataclass
+class ShowAskAttendAnswerConfig(ModelConfig):
+    """Show, Ask, Attend and Answer (Kazemi & Elqursh 2017), or one of its two baselines (``attention``)."""
+
+    family: str = "show_ask_attend_answer"
+    attention: str = "glimpses"  # glimpses: the paper's; pooled: the grid's mean, no attention; none: no image
+    cnn_channels: tuple[int, ...] = (32, 64, 128)  # one conv-BN-ReLU-pool block each: the grid has the last's C
+    embedding_size: int = 64  # question word embeddings
+    hidden_size: int = 128  # the question LSTM's state s
+    attention_size: int = 128  # the hidden channels of the attention's first 1x1 convolution
+    glimpses: int = 2  # K attention maps
+    classifier_size: int = 256  # the answer MLP's hidden layer
+    dropout: float = 0.2
+
+    @property
+    def width(self) -> int:
+        """The model's width, as the noam schedule reads it: the question state's."""
+        return self.hidden_size
+
+
+# --- the formulas
+
+
+def glimpse_weights(logits: Tensor) -> Tensor:
+    """``alpha_{c,l} = exp F_{c,l} / sum_k exp F_{c,k}``: each glimpse's softmax over the grid cells.
+
+    logits F [B, K, L] -> alpha [B, K, L], each row summing to one.
+    """
+    return logits.softmax(-1)
+
+
+def glimpses(alpha: Tensor, phi: Tensor) -> Tensor:
+    """``x_c = sum_l alpha_{c,l} phi_l``: each glimpse's weighted sum of the cells.
+
+    alpha [B, K, L], phi [B, L, C] -> x [B, K, C].
+    """
+    return alpha @ phi
+
+
+def tile_question(s: Tensor, phi: Tensor) -> Tensor:
+    """``[phi_l ; s]`` for every cell l: the question state tiled over the grid, beside each cell's features.
+
+    s [B, H], phi [B, L, C] -> [B, L, C + H].
+    """
+    return torch.cat([phi, s.unsqueeze(1).expand(-1, phi.size(1), -1)], dim=-1)
+
+
+# --- the model
+
+
+class GridCNN(nn.Module):
+    """A small CNN trained from scratch: pixels [B, 3, S, S] -> the grid phi [B, L, C], L = (S / 2^n)^2 cells
+    (row-major), each l2-normalised (the paper's normalisation of the image features)."""
+
+    def __init__(self, channels: tuple[int, ...]):
+        super().__init__()
+        blocks, c_in = [], 3
+        for c in channels:
+            blocks += [nn.Conv2d(c_in, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2)]
+            c_in = c
+        self.blocks = nn.Sequential(*blocks)
+        self.channels = c_in
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        grid = self.blocks(normalize(pixels))  # [B, C, h, w]
+        return F.normalize(grid.flatten(2).transpose(1, 2), dim=-1)  # [B, L, C]
+
+
+class ShowAskAttendAnswer(nn.Module):
+    """The image grid, the question's LSTM state, K glimpses over the grid computed from both, and an MLP over the
+    answers (see the module's docstring). ``answers``: the answer names, the classifier's outputs in order."""
+
+    family: ClassVar[str] = "show_ask_attend_answer"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"answer"})
+    problem: ClassVar[str] = "classification"
+
+    def __init__(self, cfg: ShowAskAttendAnswerConfig, vocab_size: int, answers: list[str]):
+        super().__init__()
+        if cfg.attention not in ATTENTIONS:
+            raise AttnkitError(f"model.attention = {cfg.attention!r} is not one of {', '.join(ATTENTIONS)}")
+        if cfg.glimpses < 1 or not cfg.cnn_channels:
+            raise AttnkitError("model.glimpses and model.cnn_channels: at least one each")
+        self.cfg, self.answers = cfg, list(answers)
+        self.embed = nn.Embedding(vocab_size, cfg.embedding_size, padding_idx=PAD)
+        self.lstm = nn.LSTM(cfg.embedding_size, cfg.hidden_size, batch_first=True)
+        self.dropout = nn.Dropout(cfg.dropout)
+        reads = cfg.hidden_size
+        self.cnn = None
+        if cfg.attention != "none":
+            self.cnn = GridCNN(cfg.cnn_channels)
+            c = self.cnn.channels
+            reads += c * (cfg.glimpses if cfg.attention == "glimpses" else 1)
+        if cfg.attention == "glimpses":
+            # F = W_2 relu(W_1 [phi_l ; s]): 1x1 convolutions over the grid are linear layers over its cells
+            self.attention_hidden = nn.Linear(self.cnn.channels + cfg.hidden_size, cfg.attention_size)  # W_1
+            self.attention_logits = nn.Linear(cfg.attention_size, cfg.glimpses)  # W_2
+        self.classifier = nn.Sequential(nn.Linear(reads, cfg.classifier_size), nn.ReLU(), nn.Dropout(cfg.dropout),
+                                        nn.Linear(cfg.classifier_size, len(self.answers)))  # W_3, W_4
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(self.answers)
+
+    def question_state(self, questions: Tensor) -> Tensor:
+        """s: the LSTM's last state over each question's own words. questions [B, T] -> s [B, H]."""
+        lengths = questions.ne(PAD).sum(1).clamp(min=1).cpu()
+        packed = pack_padded_sequence(self.embed(questions), lengths, batch_first=True, enforce_sorted=False)
+        _, (h, _) = self.lstm(packed)
+        return h[-1]
+
+    def attend(self, phi: Tensor, s: Tensor) -> Tensor:
+        """The glimpse weights alpha [B, K, L] of grid phi [B, L, C] for question states s [B, H]."""
+        hidden = F.relu(self.attention_hidden(self.dropout(tile_question(s, phi))))  # [B, L, attention_size]
+        return glimpse_weights(self.attention_logits(hidden).transpose(1, 2))  # [B, K, L]
+
+    def forward(self, images: Tensor | None, questions: Tensor, targets: Tensor | None = None,
+                label_smoothing: float = 0.0, need_weights: bool = False) -> ModelOutput:
+        """images [B, 3, S, S] uint8 (ignored by ``attention = "none"``), questions [B, T] -> logits [B, A];
+        the attention maps' ``cross`` holds alpha as one layer [B, K, 1, L] (the K glimpses as heads, one query:
+        the question), empty for the question-only baseline."""
+        s = self.question_state(questions)
+        parts, alpha = [s], None
+        if self.cnn is not None:
+            phi = self.cnn(images)  # [B, L, C]
+            if self.cfg.attention == "glimpses":
+                alpha = self.attend(phi, s)
+                parts.insert(0, glimpses(alpha, phi).flatten(1))  # [x_1; ..; x_K]
+            else:
+                alpha = torch.full((phi.size(0), 1, phi.size(1)), 1.0 / phi.size(1), device=phi.device)
+                parts.insert(0, phi.mean(1))
+        logits = self.classifier(self.dropout(torch.cat(parts, dim=-1)))
+        out = ModelOutput(logits=logits)
+        if targets is not None:
+            out.loss = F.cross_entropy(logits.float(), targets, reduction="sum", label_smoothing=label_smoothing)
+            out.nll = F.cross_entropy(logits.float().detach(), targets, reduction="sum")
+        if need_weights:
+            out.attention = AttentionMaps(cross=[] if alpha is None else [alpha.unsqueeze(2)])
+        return out
+
+
+def build_show_ask_attend_answer(cfg: ShowAskAttendAnswerConfig, vocab_size: int,
+                                 answers: list[str]) -> ShowAskAttendAnswer:
+    return ShowAskAttendAnswer(cfg, vocab_size, answers)
+
+
+def answering_model(cfg, vocab, directory=None):
+    """A freshly initialised VQA model of ``cfg``'s family for this question vocabulary and answer set
+    (:mod:`attnkit.registry`'s task entry)."""
+    from attnkit import registry
+
+    return registry.resolve(registry.family(cfg.model.family).build)(cfg.model, vocab.vocab_size, vocab.answers)
