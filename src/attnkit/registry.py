@@ -128,6 +128,10 @@ _FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt_classifier", "attnkit.models.gpt_classifier:GPTClassifierConfig",
            "attnkit.models.gpt_classifier:build_gpt_classifier", "classification", "sentences", output="label",
            pretrained="attnkit.pretrained:GPT"),
+    Family("las", "attnkit.models.las:LASConfig", "attnkit.models.las:build_las", "speech", "speech",
+           masks_source="memory", alignment=True),
+    Family("speech_transformer", "attnkit.models.speech_transformer:SpeechTransformerConfig",
+           "attnkit.models.speech_transformer:build_speech_transformer", "speech", "speech", masks_source="memory"),
 )}
 
 _KINDS: dict[str, object] = {
@@ -135,6 +139,7 @@ _KINDS: dict[str, object] = {
     "image": "attnkit.kinds.image:IMAGE",
     "prompt": "attnkit.kinds.prompt:PROMPT",
     "sentences": "attnkit.kinds.sentences:SENTENCES",
+    "speech": "attnkit.kinds.speech:SPEECH",
 }
 
 _FORMATS: dict[str, DataFormat] = {f.name: f for f in (
@@ -149,6 +154,9 @@ _FORMATS: dict[str, DataFormat] = {f.name: f for f in (
     DataFormat("mrpc", "classification", reader="attnkit.data:read_glue", metric="f1", pairs=True),
     DataFormat("stsb", "classification", reader="attnkit.data:read_glue", regression=True, pairs=True),
     DataFormat("labelled", "classification", needs=("train_file", "valid_file")),
+    DataFormat("fsdd_digits", "speech", unit="characters", reader="attnkit.data.speech:read_fsdd_digits"),
+    DataFormat("speech_list", "speech", unit="characters", needs=("train_file", "valid_file"),
+               reader="attnkit.data.speech:read_list_split"),
 )}
 
 _TASKS: dict[str, Task] = {t.name: t for t in (
@@ -160,6 +168,8 @@ _TASKS: dict[str, Task] = {t.name: t for t in (
          "attnkit.checkpoint:language_model"),
     Task("classification", "attnkit.train.tasks:ClassificationTask", "attnkit.checkpoint:classifier_tokenizer",
          "attnkit.checkpoint:classifier_model"),
+    Task("speech", "attnkit.train.speech:SpeechTask", "attnkit.checkpoint:speech_tokenizer",
+         "attnkit.checkpoint:speech_model"),
 )}
 
 # the fast runtime's tricks (attnkit.fast.use), by the name ``train.fast`` gives them: each installs itself on a model
