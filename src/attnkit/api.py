@@ -331,6 +331,15 @@ class Model:
         result = out if details else [t.text[0] for t in out]
         return result[0] if one else result
 
+    def evaluate_transcripts(self, data, beam: int | None = None) -> tuple[dict[str, float], list[str]]:
+        """Score a speech model on utterances with their transcripts (:class:`attnkit.data.speech.Utterances`, e.g.
+        a ``path<TAB>transcript`` list): CER, WER (jiwer, percent) and string accuracy -> (the scores, the
+        transcripts they score)."""
+        from attnkit.evaluate.speech import speech_scores
+
+        hyps = self.transcribe(list(data.audio), beam=beam)
+        return speech_scores(hyps, list(data.transcripts)), hyps
+
     def image_grids(self, paths: list) -> Tensor:
         """The CNN feature grids [N, L, D] a captioner reads, of these image files."""
         return self.kind.grids(self, paths)

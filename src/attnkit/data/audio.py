@@ -1,5 +1,5 @@
 """Reading audio and making its features, with the field's libraries: ``soundfile`` reads WAV, FLAC and OGG,
-``soxr`` resamples, ``librosa`` makes the mel filterbank energies.
+``soxr`` resamples, ``librosa`` gives the mel filterbank.
 
     wave = read_audio("a.flac", rate=8000)         # mono float32 at 8 kHz, checked (empty, silent, truncated, long)
     features = log_mel(wave, 8000, n_mels=40)      # [T, 40]: 25 ms windows every 10 ms, log energies
@@ -128,16 +128,29 @@ def read_audio(value, settings: AudioSettings, where: str | None = None) -> np.n
     raise AttnkitError(f"{where or 'audio'}: expected a file path or (samples, rate), got {type(value).__name__}")
 
 
-def log_mel(wave: np.ndarray, rate: int, n_mels: int = 40) -> Tensor:
-    """Log mel filterbank energies [T, n_mels]: ``log(M |STFT(x)|^2 + 1e-6)`` with 25 ms Hann windows every 10 ms
-    and librosa's (Slaney) mel filters M up to rate / 2."""
+def mel_filters(rate: int, n_fft: int, n_mels: int) -> Tensor:
+    """librosa's (Slaney) mel filterbank M [n_mels, n_fft / 2 + 1] up to rate / 2."""
     import librosa
 
+    return torch.from_numpy(librosa.filters.mel(sr=rate, n_fft=n_fft, n_mels=n_mels)).float()
+
+
+_FILTERS: dict[tuple[int, int, int], Tensor] = {}
+
+
+def log_mel(wave: np.ndarray, rate: int, n_mels: int = 40) -> Tensor:
+    """Log mel filterbank energies [T, n_mels]: ``log(M |STFT(x)|^2 + 1e-6)`` with 25 ms Hann windows every 10 ms
+    (frames centred, the signal reflected at its ends, as librosa's ``melspectrogram``) and librosa's mel filters
+    M (:func:`mel_filters`)."""
     hop, window = round(rate * HOP_MS / 1000), round(rate * WINDOW_MS / 1000)
     n_fft = 1 << (window - 1).bit_length()
-    mel = librosa.feature.melspectrogram(y=wave, sr=rate, n_fft=n_fft, hop_length=hop, win_length=window,
-                                         n_mels=n_mels, power=2.0, center=True)
-    return torch.from_numpy(np.log(mel + LOG_FLOOR).T.astype(np.float32))
+    key = (rate, n_fft, n_mels)
+    if key not in _FILTERS:
+        _FILTERS[key] = mel_filters(rate, n_fft, n_mels)
+    x = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))
+    spectrum = torch.stft(x, n_fft, hop, window, torch.hann_window(window), center=True, pad_mode="constant",
+                          return_complex=True).abs() ** 2  # [n_fft / 2 + 1, T]
+    return torch.log(_FILTERS[key] @ spectrum + LOG_FLOOR).T.contiguous()
 
 
 def normalise(features: Tensor) -> Tensor:

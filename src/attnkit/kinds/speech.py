@@ -16,6 +16,7 @@ class SpeechKind(InputKind):
     name = "speech"
     field = "audio"
     title = "audio file"
+    evaluates_transcripts = True
 
     def settings(self, model) -> AudioSettings:
         return AudioSettings.of(model.config.data)

@@ -1,7 +1,7 @@
 """Listen, Attend and Spell (Chan et al., ICASSP 2016): a pyramidal BLSTM listens to log-mel frames, an LSTM
 speller attends over what it heard and spells characters.
 
-    h = Listen(x)                          a BLSTM, then pyramidal BLSTMs that each halve time (8x in all)
+    h = Listen(x)                          pyramidal BLSTMs, each halving time (8x in all)
     s_i = RNN(s_{i-1}, y_{i-1}, c_{i-1})   a 2-layer LSTM
     c_i = AttentionContext(s_i, h)         e_{i,u} = <phi(s_i), psi(h_u)>,  alpha_i = softmax(e_i),  c_i = sum alpha h
     P(y_i | x, y_<i) = CharacterDistribution(s_i, c_i)    an MLP with a softmax
@@ -31,8 +31,8 @@ from attnkit.tokens import PAD
 
 @dataclass
 class LASConfig(ModelConfig):
-    """LAS: ``listener_size`` LSTM units per direction in each of the listener's layers (``pyramid_layers``
-    pyramidal ones on top of a plain BLSTM: time shrinks by 2^pyramid_layers), a 2-layer (``speller_layers``)
+    """LAS: ``listener_size`` LSTM units per direction in each of the listener's ``pyramid_layers`` pyramidal
+    BLSTMs (time shrinks by 2^pyramid_layers), a 2-layer (``speller_layers``)
     LSTM speller of ``speller_size`` units, attention by ``energy``: "mlp_dot" (the paper's
     <phi(s), psi(h)>, one-layer MLPs of ``attention_size``) or "additive" (Bahdanau's)."""
 
@@ -77,23 +77,21 @@ def run_lstm(lstm: nn.LSTM, x: Tensor, lengths: Tensor) -> Tensor:
 
 
 class Listener(nn.Module):
-    """A BLSTM over the frames, then ``pyramid_layers`` pyramidal BLSTMs (eq. 5):
-    ``h^j_i = pBLSTM(h^j_{i-1}, [h^{j-1}_{2i}; h^{j-1}_{2i+1}])``, each halving the time resolution."""
+    """``pyramid_layers`` pyramidal BLSTMs (eq. 5): ``h^j_i = pBLSTM(h^j_{i-1}, [h^{j-1}_{2i}; h^{j-1}_{2i+1}])``,
+    the first over the frames themselves, each halving the time resolution (3 layers: 8x)."""
 
     def __init__(self, cfg: LASConfig, n_mels: int):
         super().__init__()
         h = cfg.listener_size
-        self.bottom = nn.LSTM(n_mels, h, batch_first=True, bidirectional=True)
-        self.pyramid = nn.ModuleList(nn.LSTM(4 * h, h, batch_first=True, bidirectional=True)
-                                     for _ in range(cfg.pyramid_layers))
+        self.pyramid = nn.ModuleList(nn.LSTM(2 * n_mels if j == 0 else 4 * h, h, batch_first=True, bidirectional=True)
+                                     for j in range(cfg.pyramid_layers))
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, frames: Frames) -> tuple[Tensor, Tensor]:
         """frames [B, T, F] -> h [B, T / 2^layers, 2 listener_size] and its lengths [B]."""
         x, lengths = frames.features, frames.lengths
-        x = run_lstm(self.bottom, x, lengths)
-        for layer in self.pyramid:
-            x, lengths = join_neighbours(self.dropout(x), lengths)
+        for j, layer in enumerate(self.pyramid):
+            x, lengths = join_neighbours(x if j == 0 else self.dropout(x), lengths)
             x = run_lstm(layer, x, lengths)
         return x, lengths
 
