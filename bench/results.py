@@ -704,6 +704,30 @@ def block_fine_tuning(results: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+SPEECH = [("fsdd_digits_las", "LAS"), ("fsdd_digits_speech_transformer", "Speech Transformer")]
+SPEAKERS = ("george", "jackson", "nicolas", "theo", "yweweler")
+
+
+def block_speech(results: dict) -> str:
+    """`make fsdd-digits`: each family on test strings of unseen recordings, then its speaker-held-out folds."""
+    rows = ["| model | data | training minutes | CER | WER (digit error rate) | string accuracy | JSON |",
+            "|---|---|---|---|---|---|---|"]
+    for name, label in SPEECH:
+        for speaker in ("", *SPEAKERS):
+            key = f"{name}_heldout_{speaker}" if speaker else name
+            data = f"digit strings, {speaker} held out" if speaker else "digit strings, unseen recordings"
+            r = results.get(key)
+            if r is None:
+                rows.append(f"| {label} | {data} | {NOT_RECORDED} | {NOT_RECORDED} | {NOT_RECORDED} | "
+                            f"{NOT_RECORDED} | no {key}.json |")
+                continue
+            m = r.get("metrics", {})
+            rows.append(f"| {label} | {data} | {minutes(r)} | {number(m.get('test_cer'))} | "
+                        f"{number(m.get('test_digit_error_rate'))} | {number(m.get('test_string_accuracy'))} | "
+                        f"{link(key, '../bench/results/')} |")
+    return "\n".join(rows) + "\n"
+
+
 def block_sst2_pretraining(results: dict) -> str:
     r = results.get("sst2_pretraining")
     if r is None:
@@ -1302,6 +1326,7 @@ BLOCKS = {
     "transfer": ("docs/results.md", block_transfer),
     "fine-tuning": ("docs/results.md", block_fine_tuning),
     "sst2-pretraining": ("docs/results.md", block_sst2_pretraining),
+    "speech": ("docs/results.md", block_speech),
     "complexity": ("docs/results.md", block_complexity),
     "sources": ("docs/results.md", block_sources),
     "readme": ("README.md", block_readme),

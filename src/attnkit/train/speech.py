@@ -27,7 +27,7 @@ from attnkit.nn.audio import pad_frames
 from attnkit.train import distributed
 from attnkit.train.tasks import LOSS, GenerationTask, Metric
 
-CER = Metric("cer", higher_is_better=False)
+CER = Metric("cer", higher_is_better=False, fallback=LOSS.name)  # without validation decoding: the loss
 WER = Metric("wer", higher_is_better=False)
 STRING_ACCURACY = Metric("string_accuracy", higher_is_better=True)
 
