@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from attnkit.data.audio import HOP_MS, AudioSettings, features_of, read_audio
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, RequestError
 from attnkit.kinds import InputKind
 from attnkit.nn.audio import Frames
 
@@ -17,6 +17,7 @@ class SpeechKind(InputKind):
     field = "audio"
     title = "audio file"
     evaluates_transcripts = True
+    json_inputs = False  # audio is uploaded (/v1/transcribe), not sent in JSON
 
     def settings(self, model) -> AudioSettings:
         return AudioSettings.of(model.config.data)
@@ -57,6 +58,31 @@ class SpeechKind(InputKind):
     def check(self, model, values) -> None:
         if isinstance(values, (str, bytes)):
             raise AttnkitError("transcribe takes a list of inputs")
+
+
+    def read_upload(self, model, data: bytes, settings, field: str = "audio"):
+        """An uploaded audio file -> (samples, rate) at the model's rate, checked: 413 past the server's bytes or
+        seconds (or the model's), 422 for bytes that are no audio, empty, silent or truncated, or a rate too low."""
+        from dataclasses import replace
+
+        from attnkit.data.audio import decode_audio, prepare_wave
+
+        if len(data) > settings.max_audio_bytes:
+            raise RequestError(413, f"{field}: {len(data)} bytes, more than this server's limit of "
+                                    f"{settings.max_audio_bytes}")
+        limit = min(settings.max_audio_seconds, self.settings(model).max_seconds)
+        try:
+            samples, rate = decode_audio(data, field)
+        except AttnkitError as e:
+            raise RequestError(422, str(e)) from None
+        if samples.size / rate > limit:
+            raise RequestError(413, f"{field}: {samples.size / rate:.1f} s of audio, longer than this server's "
+                                    f"limit of {limit:g} s")
+        try:
+            wave = prepare_wave(samples, rate, replace(self.settings(model), max_seconds=limit), field)
+        except AttnkitError as e:
+            raise RequestError(422, str(e)) from None
+        return wave, self.settings(model).rate
 
 
 SPEECH = SpeechKind()
