@@ -51,9 +51,6 @@ class SpeechKind(InputKind):
     def own_output(self, model, value) -> str:
         return model.transcribe([value])[0]
 
-    def describe(self, model) -> dict:
-        s = self.settings(model)
-        return {"grid": None, "sample_rate": s.rate, "n_mels": s.n_mels, "max_seconds": s.max_seconds}
 
     def check(self, model, values) -> None:
         if isinstance(values, (str, bytes)):
