@@ -35,6 +35,7 @@ from attnkit.models.lm import LMConfig
 from attnkit.models.rnn import RNNSearchConfig
 from attnkit.tokens import BOS, EOS
 from conftest import tiny_model_config
+from serving import tiny_speech_checkpoint
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -183,7 +184,7 @@ def checkpoints(tmp_path_factory, trained_checkpoint) -> dict[str, Path]:
     return {"dates": build_dates(root / "dates", trained_checkpoint),
             "rnnsearch": build_rnnsearch(root / "rnnsearch", trained_checkpoint),
             "lm": build_lm(root / "lm"), "captioner": build_captioner(root / "captioner"),
-            "wide": build_wide(root / "wide", trained_checkpoint)}
+            "wide": build_wide(root / "wide", trained_checkpoint), "las": tiny_speech_checkpoint(root / "las")}
 
 
 @pytest.fixture(scope="module")
@@ -474,6 +475,30 @@ def test_caption_an_uploaded_image_word_by_word(page, downloads):
     page.open("caption?image=beach&word=2", runs=1)
     assert page.data("[data-role=image]", "word") == "2"
     assert page.find("canvas[data-sample=beach]").get_attribute("class") == "on"
+
+
+def test_listen_draws_the_spectrogram_and_each_characters_attention(page, downloads):
+    page.open("listen", runs=1)  # transcribes the sample clip that ships with the page
+    page.wait(lambda: page.data("[data-role=transcript]", "done") == "1", what="the transcript's last character")
+    answer = page.js("return window.attnkit.view.exportJSON().answer")
+    chars = page.finds("[data-role=transcript] span")
+    assert len(chars) == len(answer["characters"]) == len(answer["attention"]) >= 1
+    assert page.canvas_colors("[data-role=spectrogram]") > 20  # the log-mel frames, drawn
+    assert page.js("return document.querySelector('[data-role=audio]').src").startswith("blob:")
+    assert page.js("return document.querySelector('[data-role=audio]').duration") > 0.5  # the clip is in the player
+
+    def bars():
+        return page.canvas_colors("[data-role=attention]")
+
+    ActionChains(page.d).move_to_element(chars[0]).perform()
+    assert page.data("[data-role=attention]", "char") == "0" and bars() >= 2  # its attention over the frames
+    chars[-1].click()  # plays the stretch the last character attended to
+    assert page.data("[data-role=attention]", "char") == str(len(chars) - 1)
+    assert abs(sum(answer["attention"][0]) - 1) < 1e-2
+    n = page.done()
+    page.find("[data-role=upload]").send_keys(str(SAMPLES / "digits.wav"))
+    page.wait_done(n + 1)
+    assert page.js("return window.attnkit.view.exportJSON().answer.transcript") == answer["transcript"]
 
 
 def test_rnnsearch_alignment(page, downloads):

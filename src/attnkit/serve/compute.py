@@ -426,7 +426,8 @@ def run_transcribe(batch: list[Job], settings) -> list:
         answer = {"model": m.name, "transcript": t.text[0],
                   "characters": list(model.tokenizers.id_to_piece(h.tokens)) + ["<end>"], "score": _score(h.score),
                   "frames": [list(span) for span in model.kind.spans(model, t.frames)],
-                  "seconds": round(t.frames / 100, 2)}
+                  "seconds": round(t.frames / 100, 2),
+                  "spectrogram": _rounded(model.kind.features(model, job.payload["audio"]), 2)}
         if job.payload["attention"]:
             answer["attention"] = [] if h.attention is None else _rounded(h.attention)
         answers.append(answer)

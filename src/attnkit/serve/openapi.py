@@ -221,7 +221,8 @@ def _answers() -> dict:
         "Caption": _obj({"model": STRING, "caption": STRING, "words": words, "score": NUMBER, "grid": grid,
                          "attention": matrix}, ["model", "caption", "words", "score", "grid"]),
         "Transcript": _obj({"model": STRING, "transcript": STRING, "characters": words, "score": NUMBER,
-                            "frames": _array(_array(NUMBER)), "seconds": NUMBER, "attention": matrix},
+                            "frames": _array(_array(NUMBER)), "seconds": NUMBER, "attention": matrix,
+                            "spectrogram": matrix},
                            ["model", "transcript", "characters", "score", "frames", "seconds"]),
         "Attention": _obj({
             "model": STRING, "family": STRING, "source": words, "target": words, "output": STRING,

@@ -11,8 +11,9 @@ import classify from "./views/classify.js";
 import caption from "./views/caption.js";
 import rnnsearch from "./views/rnnsearch.js";
 import positional from "./views/positional.js";
+import listen from "./views/listen.js";
 
-const VIEWS = [translate, modelView, interventions, lm, classify, caption, rnnsearch, positional];
+const VIEWS = [translate, modelView, interventions, lm, classify, caption, listen, rnnsearch, positional];
 const byId = Object.fromEntries(VIEWS.map((v) => [v.id, v]));
 
 window.attnkit = window.attnkit || {};
