@@ -19,6 +19,8 @@
 # make transfer — pretrain on WikiText-2, fine-tune on Tiny Shakespeare vs from scratch (about 40 min), JSON + plot
 # make flickr8k — Show, Attend and Tell on Flickr8k (feature extraction + training within 60 min), then its JSON
 # make flickr8k-transformer — the Transformer captioner on the same grids, then its JSON
+# make fsdd-digits — LAS and the Speech Transformer on spoken FSDD digit strings (20 min each) and five
+#              speaker-held-out folds, then their JSONs (docs/speech.md)
 # make wheel-check — build the wheel, install it with torch==2.13.0 into a fresh python3.11 venv, run attnkit
 #              --version and a 30-step demo from it (one of make test's tests; under a minute, mostly installing torch)
 # make threads-demo — demo training steps/s with one core held busy: torch's default threads against attnkit's
@@ -42,7 +44,7 @@ JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /u
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) \
 	MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1$(,)lg_extent_max_active_fit:10)
 
-.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer bench lint clean wheel-check threads-demo browser java screenshots
+.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer fsdd-digits bench lint clean wheel-check threads-demo browser java screenshots
 
 $(STAMP): pyproject.toml | jemalloc
 	python3 -m venv $(VENV)
@@ -172,6 +174,23 @@ LM_TRAIN = OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node=2 -m attnkit 
 tinyshakespeare wikitext2: %: $(STAMP)
 	$(RUN) $(call LM_TRAIN,$(LM_CONFIG_$*))
 	$(RUN) $(PY) bench/language_model.py --run-dir runs/$(LM_CONFIG_$*) --train-command "$(call LM_TRAIN,$(LM_CONFIG_$*))"
+
+# speech: LAS and the Speech Transformer on spoken FSDD digit strings (20 training minutes each, one process on two
+# threads), scored on test strings of unseen recordings; then each once per speaker-held-out fold. FSDD_SET adds
+# --set overrides to every run (a smoke: FSDD_SET="--set train.max_minutes=2")
+FSDD_CONFIGS := fsdd_digits_las fsdd_digits_speech_transformer
+FSDD_SPEAKERS := george jackson nicolas theo yweweler
+FSDD_TRAIN = $(VENV)/bin/attnkit train configs/$(1).toml --run-dir runs/$(2) --threads 2 --overwrite $(3) $(FSDD_SET)
+fsdd-digits: $(STAMP)
+	set -e; for c in $(FSDD_CONFIGS); do \
+		$(RUN) $(call FSDD_TRAIN,$$c,$$c); \
+		$(RUN) $(PY) bench/fsdd_digits.py --run-dir runs/$$c --train-command "$(call FSDD_TRAIN,$$c,$$c)"; \
+		for s in $(FSDD_SPEAKERS); do \
+			$(RUN) $(call FSDD_TRAIN,$$c,$${c}_heldout_$$s,--set data.held_out_speaker=$$s); \
+			$(RUN) $(PY) bench/fsdd_digits.py --run-dir runs/$${c}_heldout_$$s \
+				--train-command "$(call FSDD_TRAIN,$$c,$${c}_heldout_$$s,--set data.held_out_speaker=$$s)"; \
+		done; \
+	done
 
 # fine-tuning: one process, the CLI's threads
 GLUE_TRAIN = $(VENV)/bin/attnkit train configs/glue_$(1).toml --run-dir runs/glue_$(1)

@@ -731,6 +731,28 @@ def block_vqa(results: dict) -> str:
     return "\n".join(rows) + (f"\n\n{number(m.get('test_questions'), 0)} test questions; the target: at least "
                               f"{number(t.get('test_accuracy'), 1)}% within {number(t.get('train_minutes'), 0)} "
                               f"training minutes ({link('easy_vqa', '../bench/results/')}).\n")
+SPEECH = [("fsdd_digits_las", "LAS"), ("fsdd_digits_speech_transformer", "Speech Transformer")]
+SPEAKERS = ("george", "jackson", "nicolas", "theo", "yweweler")
+
+
+def block_speech(results: dict) -> str:
+    """`make fsdd-digits`: each family on test strings of unseen recordings, then its speaker-held-out folds."""
+    rows = ["| model | data | training minutes | CER | WER (digit error rate) | string accuracy | JSON |",
+            "|---|---|---|---|---|---|---|"]
+    for name, label in SPEECH:
+        for speaker in ("", *SPEAKERS):
+            key = f"{name}_heldout_{speaker}" if speaker else name
+            data = f"digit strings, {speaker} held out" if speaker else "digit strings, unseen recordings"
+            r = results.get(key)
+            if r is None:
+                rows.append(f"| {label} | {data} | {NOT_RECORDED} | {NOT_RECORDED} | {NOT_RECORDED} | "
+                            f"{NOT_RECORDED} | no {key}.json |")
+                continue
+            m = r.get("metrics", {})
+            rows.append(f"| {label} | {data} | {minutes(r)} | {number(m.get('test_cer'))} | "
+                        f"{number(m.get('test_digit_error_rate'))} | {number(m.get('test_string_accuracy'))} | "
+                        f"{link(key, '../bench/results/')} |")
+    return "\n".join(rows) + "\n"
 
 
 def block_sst2_pretraining(results: dict) -> str:
@@ -1332,6 +1354,7 @@ BLOCKS = {
     "fine-tuning": ("docs/results.md", block_fine_tuning),
     "sst2-pretraining": ("docs/results.md", block_sst2_pretraining),
     "vqa": ("docs/results.md", block_vqa),
+    "speech": ("docs/results.md", block_speech),
     "complexity": ("docs/results.md", block_complexity),
     "sources": ("docs/results.md", block_sources),
     "readme": ("README.md", block_readme),

@@ -34,7 +34,22 @@ def png(draw) -> bytes:
     return buf.getvalue()
 
 
+@st.composite
+def wav(draw) -> bytes:
+    """A real clip: a tone of 0.2-2 s at 8, 16 or 44.1 kHz (an audio upload the document admits)."""
+    import numpy as np
+    import soundfile
+
+    rate = draw(st.sampled_from([8000, 16000, 44100]))
+    seconds, freq = draw(st.floats(0.2, 2.0)), draw(st.floats(100.0, 3000.0))
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    soundfile.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype("float32"), rate, format="WAV")
+    return buf.getvalue()
+
+
 schemathesis.openapi.media_type("image/png", png())
+schemathesis.openapi.media_type("audio/wav", wav())
 schemathesis.openapi.format("byte", png().map(lambda data: base64.b64encode(data).decode()))
 
 

@@ -83,6 +83,30 @@ def answerers(tmp_path_factory) -> dict:
     import attnkit
 
     return {"vqa": attnkit.load(tiny_answerer_checkpoint(tmp_path_factory.mktemp("vqa")))}
+def tiny_speech_checkpoint(d: Path) -> Path:
+    """A tiny LAS (random weights) hearing 8 kHz audio of up to 10 s, its transcripts at most 8 characters."""
+    from attnkit.data import CharTokenizer
+    from attnkit.models.las import LASConfig
+
+    toks = CharTokenizer.build("0 1 2 3 4 5 6 7 8 9", d / "chars.json")
+    cfg = ExperimentConfig(name="las_tiny", model=LASConfig(listener_size=8, speller_size=16, embedding_size=8,
+                                                            attention_size=8, dropout=0.0))
+    cfg.data = dataclasses.replace(cfg.data, format="fsdd_digits", n_mels=20, max_audio_seconds=10.0)
+    cfg.decode = dataclasses.replace(cfg.decode, beam_size=1, max_caption_len=8)
+    torch.manual_seed(0)
+    return write_checkpoint(d / "checkpoint", build_model(cfg.model, 20, toks.vocab_size), cfg, [toks.path],
+                            {"step": 0})
+
+
+def wav(seconds: float = 0.5, rate: int = 8000, freq: float = 440.0) -> bytes:
+    """A sine tone as a WAV file's bytes."""
+    import numpy as np
+    import soundfile
+
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    soundfile.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype("float32"), rate, format="WAV")
+    return buf.getvalue()
 
 
 def classifiers(request) -> dict:

@@ -690,3 +690,63 @@ def test_vqa_bad_input(name, setup, needle, tmp_path, vqa_checkpoint, trained_ch
     for n in needle if isinstance(needle, tuple) else (needle,):
         assert n in lines[0], (n, lines[0])
     assert [tree_digest(tmp_path), tree_digest(vqa_checkpoint)] == before
+# --- speech: bad audio files for attnkit transcribe and evaluate --data
+
+
+@pytest.fixture(scope="module")
+def speech_checkpoint(tmp_path_factory) -> Path:
+    """A tiny LAS's checkpoint (random weights) hearing 8 kHz audio, at most 2 s of it."""
+    import torch
+
+    from attnkit.checkpoint import model_for, write_checkpoint
+    from attnkit.config import ExperimentConfig
+    from attnkit.data import CharTokenizer
+    from attnkit.models.las import LASConfig
+
+    root = tmp_path_factory.mktemp("speech")
+    cfg = ExperimentConfig(name="las", model=LASConfig(listener_size=8, speller_size=8, embedding_size=4,
+                                                       attention_size=4))
+    cfg.data.format, cfg.data.n_mels, cfg.data.max_audio_seconds = "fsdd_digits", 20, 2.0
+    toks = CharTokenizer.build("0 1 2 3 4 5 6 7 8 9", root / "chars.json")
+    torch.manual_seed(0)
+    return write_checkpoint(root / "ckpt", model_for(cfg, toks), cfg, [toks.path], {})
+
+
+def _wav(seconds: float, rate: int = 8000, amplitude: float = 0.3) -> bytes:
+    import io
+
+    import numpy as np
+    import soundfile
+
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    soundfile.write(buf, (amplitude * np.sin(2 * np.pi * 440 * t)).astype("float32"), rate, format="WAV")
+    return buf.getvalue()
+
+
+SPEECH_CASES = {
+    "not_audio": (b"plain text, not a sound\n" * 40, "not an audio file"),
+    "empty": (b"", "empty file"),
+    "silent": (_wav(1.0, amplitude=0.0), "silent"),
+    "truncated_wav": (_wav(1.0)[:4000], "truncated WAV"),
+    "rate_too_low": (_wav(1.0, rate=4000), "below the 8000 Hz"),
+    "too_long": (_wav(3.0), "longer than the limit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPEECH_CASES))
+@pytest.mark.parametrize("command", ["transcribe", "evaluate"])
+def test_bad_audio_is_one_line_and_status_2(name, command, speech_checkpoint, tmp_path, capsys):
+    data, needle = SPEECH_CASES[name]
+    audio = tmp_path / f"{name}.wav"
+    audio.write_bytes(data)
+    (tmp_path / "good.wav").write_bytes(_wav(1.0))
+    listing = tmp_path / "list.tsv"
+    listing.write_text(f"good.wav\t1 2\n{audio.name}\t3\n")
+    before = tree_digest(tmp_path)
+    argv = ["transcribe", "--checkpoint", str(speech_checkpoint), str(tmp_path / "good.wav"), str(audio)] \
+        if command == "transcribe" else ["evaluate", "--checkpoint", str(speech_checkpoint), "--data", str(listing)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and str(audio) in err[0], err
+    assert tree_digest(tmp_path) == before  # nothing written, nothing changed

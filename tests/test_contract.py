@@ -19,9 +19,12 @@ from attnkit.decode import beam_search, greedy
 from attnkit.models import DecodingState, GenerativeModel, ModelOutput
 from attnkit.models.captioner import ShowAttendTellConfig, TransformerCaptionerConfig
 from attnkit.models.conv import ConvTransformerConfig
+from attnkit.models.las import LASConfig
 from attnkit.models.lm import LMConfig
 from attnkit.models.rnn import RNNEncDecConfig, RNNSearchConfig
+from attnkit.models.speech_transformer import SpeechTransformerConfig
 from attnkit.models.transformer import TransformerConfig
+from attnkit.nn.audio import Frames
 from attnkit.tokens import BOS, EOS, PAD
 
 SMALL = dict(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_positions=64)
@@ -35,6 +38,9 @@ CONFIGS = {
     "transformer_captioner": (TransformerCaptionerConfig(**{k: v for k, v in SMALL.items()}, d_feature=8), "flickr8k"),
     "transformer_lm": (LMConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, max_positions=64),
                        "tinyshakespeare"),
+    "las": (LASConfig(listener_size=8, speller_size=16, embedding_size=8, attention_size=8, dropout=0.0),
+            "fsdd_digits"),
+    "speech_transformer": (SpeechTransformerConfig(**SMALL, conv_channels=2), "fsdd_digits"),
 }
 
 
@@ -57,6 +63,7 @@ def make_tokenizers(folder: Path, dates_pairs) -> dict:
                                     folder / "vocab.txt", 1),
         "tinyshakespeare": CharTokenizer.build("First Citizen:\nBefore we proceed any further, hear me speak.\n",
                                                folder / "chars.json"),
+        "fsdd_digits": CharTokenizer.build("0 1 2 3 4 5 6 7 8 9", folder / "digits" / "chars.json"),
     }
 
 
@@ -84,6 +91,8 @@ def example(model: GenerativeModel, vocab: int) -> tuple[torch.Tensor | None, to
         return None, tgt_in
     if "caption" in model.capabilities:
         return torch.randn(2, 49, 8, generator=g), tgt_in
+    if "transcribe" in model.capabilities:  # 40-band frames, the second row padded
+        return Frames(torch.randn(2, 48, 40, generator=g), torch.tensor([48, 29])), tgt_in
     src = torch.randint(4, vocab, (2, 6), generator=g)
     src[:, -1] = EOS
     src[1, 3:] = PAD
@@ -101,6 +110,8 @@ def example_shape(model):
         return None, tgt
     if "caption" in model.capabilities:
         return torch.zeros(1, 49, 8), tgt
+    if "transcribe" in model.capabilities:
+        return Frames(torch.zeros(1, 16, 40), torch.tensor([16])), tgt
     return torch.tensor([[5, EOS]]), tgt
 
 

@@ -35,7 +35,7 @@ from attnkit.models.lm import LMConfig
 from attnkit.models.rnn import RNNSearchConfig
 from attnkit.tokens import BOS, EOS
 from conftest import tiny_model_config
-from serving import tiny_answerer_checkpoint
+from serving import tiny_answerer_checkpoint, tiny_speech_checkpoint
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -185,7 +185,7 @@ def checkpoints(tmp_path_factory, trained_checkpoint) -> dict[str, Path]:
             "rnnsearch": build_rnnsearch(root / "rnnsearch", trained_checkpoint),
             "lm": build_lm(root / "lm"), "captioner": build_captioner(root / "captioner"),
             "wide": build_wide(root / "wide", trained_checkpoint),
-            "vqa": tiny_answerer_checkpoint(root / "vqa")}
+            "vqa": tiny_answerer_checkpoint(root / "vqa"), "las": tiny_speech_checkpoint(root / "las")}
 
 
 @pytest.fixture(scope="module")
@@ -504,6 +504,28 @@ def test_ask_answers_and_each_question_moves_the_glimpses(page, downloads):
     data = json.loads(_export(page, downloads, "json").read_text())
     assert data["answer"]["grid"] == [8, 8] and len(data["answer"]["glimpses"]) == 2
     _export(page, downloads, "png")
+def test_listen_draws_the_spectrogram_and_each_characters_attention(page, downloads):
+    page.open("listen", runs=1)  # transcribes the sample clip that ships with the page
+    page.wait(lambda: page.data("[data-role=transcript]", "done") == "1", what="the transcript's last character")
+    answer = page.js("return window.attnkit.view.exportJSON().answer")
+    chars = page.finds("[data-role=transcript] span")
+    assert len(chars) == len(answer["characters"]) == len(answer["attention"]) >= 1
+    assert page.canvas_colors("[data-role=spectrogram]") > 20  # the log-mel frames, drawn
+    assert page.js("return document.querySelector('[data-role=audio]').src").startswith("blob:")
+    assert page.js("return document.querySelector('[data-role=audio]').duration") > 0.5  # the clip is in the player
+
+    def bars():
+        return page.canvas_colors("[data-role=attention]")
+
+    ActionChains(page.d).move_to_element(chars[0]).perform()
+    assert page.data("[data-role=attention]", "char") == "0" and bars() >= 2  # its attention over the frames
+    chars[-1].click()  # plays the stretch the last character attended to
+    assert page.data("[data-role=attention]", "char") == str(len(chars) - 1)
+    assert abs(sum(answer["attention"][0]) - 1) < 1e-2
+    n = page.done()
+    page.find("[data-role=upload]").send_keys(str(SAMPLES / "digits.wav"))
+    page.wait_done(n + 1)
+    assert page.js("return window.attnkit.view.exportJSON().answer.transcript") == answer["transcript"]
 
 
 def test_rnnsearch_alignment(page, downloads):

@@ -19,15 +19,19 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serving import LiveServer, answerers, classifiers, png, schemathesis  # noqa: E402
+from serving import LiveServer, answerers, classifiers, png, schemathesis, tiny_speech_checkpoint, wav  # noqa: E402
 
-POSTS = ("/v1/translate", "/v1/generate", "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional")
+POSTS = ("/v1/translate", "/v1/generate", "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional",
+         "/v1/transcribe")
 ERRORS = {"400", "404", "408", "413", "422", "429", "500", "504"}
 
 
 @pytest.fixture(scope="module")
 def live(served_models, request, tmp_path_factory):
-    server = LiveServer({**served_models, **classifiers(request), **answerers(tmp_path_factory)})
+    import attnkit
+
+    speech = {"las": attnkit.load(tiny_speech_checkpoint(tmp_path_factory.mktemp("las")))}
+    server = LiveServer({**served_models, **classifiers(request), **answerers(tmp_path_factory), **speech})
     yield server
     server.close()
 
@@ -70,9 +74,10 @@ def test_required_fields_are_required_and_ranges_are_the_servers(document, live)
     import jsonschema
 
     for path in posts(live):
-        if "application/json" not in document["paths"][path]["post"]["requestBody"]["content"]:
-            continue  # a multipart upload (caption, answer)
-        schema = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        content = document["paths"][path]["post"]["requestBody"]["content"]
+        if "application/json" not in content:  # an upload (an image to caption or ask about, audio to transcribe)
+            continue
+        schema = content["application/json"]["schema"]
         valid = jsonschema.Draft202012Validator(schema).is_valid({})
         r = live.client.post(path, json={})
         assert valid == (r.status_code == 200), (path, r.status_code, r.text)
@@ -163,11 +168,12 @@ def test_a_client_built_from_the_document_gets_the_documented_answers(live, docu
             content = operation["requestBody"]["content"]
             if "multipart/form-data" in content:
                 schema = content["multipart/form-data"]["schema"]
+                uploads = {"image": ("x.png", image, "image/png"), "audio": ("x.wav", wav(), "audio/wav")}
+                files = {key: upload for key, upload in uploads.items() if key in schema["properties"]}
                 fields = {key: example(schema["properties"][key], document, image)
-                          for key in schema.get("required", []) if key != "image"}
-                for name in schema["properties"]["model"]["enum"]:
-                    r = live.client.post(path, files={"image": ("x.png", image, "image/png")},
-                                         data={**fields, "model": name})
+                          for key in schema.get("required", []) if key not in uploads}
+                for name in filter(None, schema["properties"]["model"]["enum"]):
+                    r = live.client.post(path, files=files, data={**fields, "model": name})
                     assert r.status_code == 200, r.text
                     check(method, path, r, validate_request=False)  # multipart bodies: the answer is checked
                 continue

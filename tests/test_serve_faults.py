@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from attnkit.data import generate_dates  # noqa: E402
-from serving import LiveServer, answerers, classifiers, one_line_error, png, sse  # noqa: E402
+from serving import LiveServer, answerers, classifiers, one_line_error, png, sse, tiny_speech_checkpoint, wav  # noqa: E402
 
 PROBE_SENTENCE = "12 March 1994"
 BODY_TIMEOUT = 2.0
@@ -69,9 +69,12 @@ class Probe:
 
 @pytest.fixture(scope="module")
 def live(served_models, request, tmp_path_factory):
-    server = LiveServer({**served_models, **classifiers(request), **answerers(tmp_path_factory)},
-                        max_image_bytes=200_000, max_image_pixels=1_000_000,
-                        body_timeout=BODY_TIMEOUT, max_new_tokens=10**6, timeout=20.0)
+    import attnkit
+
+    speech = {"las": attnkit.load(tiny_speech_checkpoint(tmp_path_factory.mktemp("las")))}
+    server = LiveServer({**served_models, **classifiers(request), **answerers(tmp_path_factory), **speech},
+                        max_image_bytes=200_000,
+                        max_image_pixels=1_000_000, body_timeout=BODY_TIMEOUT, max_new_tokens=10**6, timeout=20.0)
     server.probe = Probe(server.url, served_models["dates"].translate([PROBE_SENTENCE])[0])
     yield server
     server.probe.stop()
@@ -602,7 +605,7 @@ def test_any_request_in_range_is_answered(live, endpoint):
 
 def test_any_bytes_are_refused_in_one_line(live):
     @PROPERTY
-    @given(body=st.binary(max_size=64), endpoint=st.sampled_from(sorted(PAYLOADS) + ["/v1/caption"]),
+    @given(body=st.binary(max_size=64), endpoint=st.sampled_from(sorted(PAYLOADS) + ["/v1/caption", "/v1/transcribe"]),
            content_type=st.sampled_from(["application/json", "multipart/form-data; boundary=x", "text/plain", ""]))
     def check(body, endpoint, content_type):
         r = live.client.post(endpoint, content=body, headers={"content-type": content_type} if content_type else {})
@@ -621,5 +624,19 @@ def test_any_caption_form_is_answered_or_refused_in_one_line(live):
     def check(image, fields, with_image):
         files = {"image": ("x.png", image, "image/png")} if with_image else None
         answered_sanely(live.client.post("/v1/caption", data=fields, files=files))
+
+    check()
+
+
+def test_any_transcribe_form_is_answered_or_refused_in_one_line(live):
+    @PROPERTY
+    @given(audio=st.sampled_from([wav(), wav(rate=16000), wav(rate=4000), wav(seconds=12.0), wav()[:2000],
+                                  wav(freq=0.0), b"", b"RIFF"]) | st.binary(max_size=40),
+           fields=st.dictionaries(st.sampled_from(["model", "beam", "attention", "other"]),
+                                  st.text(max_size=8) | st.sampled_from(["las", "sat", "2", "true"]), max_size=3),
+           with_audio=st.booleans())
+    def check(audio, fields, with_audio):
+        files = {"audio": ("x.wav", audio, "audio/wav")} if with_audio else None
+        answered_sanely(live.client.post("/v1/transcribe", data=fields, files=files))
 
     check()

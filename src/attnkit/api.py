@@ -309,6 +309,37 @@ class Model:
         result = out if details else [c.text[0] for c in out]
         return result[0] if one else result
 
+    def transcribe(self, audio, beam: int | None = None, details: bool = False, on_result=None):
+        """Transcribe speech: an audio file's path (WAV, FLAC, OGG) or a (samples, rate) pair -> a string; a list
+        of them -> a list of strings, in order. Other rates are resampled to the model's, stereo is down-mixed;
+        bad audio is a one-line error naming the file. ``details`` returns
+        :class:`~attnkit.decode.transcribe.Transcript` objects whose hypotheses carry each character's attention
+        over the encoder's frames; ``on_result(i, transcript)`` receives each as it is done, in order."""
+        from attnkit.decode.transcribe import transcribe
+
+        self.require("transcribe")
+        one = isinstance(audio, (str, Path, bytes)) or (isinstance(audio, tuple) and len(audio) == 2
+                                                        and isinstance(audio[1], int))
+        items = [audio] if one else list(audio)
+        if not items:
+            return []
+        features = [self.kind.features(self, x) for x in items]
+        d = self.config.decode
+        out = transcribe(self.decoder, self.tokenizers, features, beam_size=beam or d.beam_size,
+                         len_penalty=d.len_penalty, max_len=d.max_caption_len, need_weights=details,
+                         on_result=on_result)
+        result = out if details else [t.text[0] for t in out]
+        return result[0] if one else result
+
+    def evaluate_transcripts(self, data, beam: int | None = None) -> tuple[dict[str, float], list[str]]:
+        """Score a speech model on utterances with their transcripts (:class:`attnkit.data.speech.Utterances`, e.g.
+        a ``path<TAB>transcript`` list): CER, WER (jiwer, percent) and string accuracy -> (the scores, the
+        transcripts they score)."""
+        from attnkit.evaluate.speech import speech_scores
+
+        hyps = self.transcribe(list(data.audio), beam=beam)
+        return speech_scores(hyps, list(data.transcripts)), hyps
+
     def image_grids(self, paths: list) -> Tensor:
         """The CNN feature grids [N, L, D] a captioner reads, of these image files."""
         return self.kind.grids(self, paths)

@@ -309,6 +309,19 @@ def lm_tokenizer(cfg: ExperimentConfig, directory: Path):
     return WordVocab(path, pretokenized=True)
 
 
+SPEECH_TOKENIZER_FILE = "chars.json"  # a speech model's characters
+
+
+def speech_tokenizer(cfg: ExperimentConfig, directory: Path):
+    from attnkit.data import CharTokenizer
+
+    return CharTokenizer(Path(directory) / SPEECH_TOKENIZER_FILE)
+
+
+def speech_model(cfg: ExperimentConfig, tokenizer, directory=None):
+    return build_model(cfg.model, cfg.data.n_mels, tokenizer.vocab_size)
+
+
 def classifier_tokenizer(cfg: ExperimentConfig, directory: Path):
     return registry.start(cfg.model.family).tokenizer(cfg, directory)
 

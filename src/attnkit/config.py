@@ -78,6 +78,16 @@ class DataConfig:
     regression: bool = False  # labels are real-valued scores (one output), not class names
     truncate: int = 128  # classification: a longer input is cut to this many word pieces ([CLS], [SEP] counted)
     image_dir: str = ""  # format = "vqa": where the files' images are (empty: beside each file)
+    # speech (fsdd_digits: spoken digit strings; speech_list: your path<TAB>transcript files): log-mel features
+    sample_rate: int = 8000  # what the model hears: other rates are resampled to it, lower ones refused
+    n_mels: int = 40
+    max_audio_seconds: float = 30.0  # a longer utterance is refused
+    held_out_speaker: str = ""  # fsdd_digits: that speaker's recordings are the test set, the others' train and valid
+    max_digits: int = 10  # fsdd_digits: recordings per string, 1 to this
+    freq_masks: int = 1  # SpecAugment in training: this many bands of up to freq_mask mel channels,
+    freq_mask: int = 6
+    time_masks: int = 2  # and this many stretches of up to time_mask frames, set to zero
+    time_mask: int = 15
 
 
 @dataclass
@@ -309,6 +319,7 @@ def load_config(path: str | Path | None, overrides: list[str] = (), legacy: bool
 
 _CHOICES = {
     ("model", "attention_score"): ("additive", "general", "dot", "scaled_dot"),
+    ("model", "energy"): ("mlp_dot", "additive"),  # LAS's attention energy
     ("model", "activation"): ("relu", "gelu"),
     ("model", "positional"): ("sinusoidal", "learned"),
     ("data", "format"): tuple(registry.FORMATS),

@@ -130,6 +130,10 @@ _FAMILIES: dict[str, Family] = {f.name: f for f in (
            pretrained="attnkit.pretrained:GPT"),
     Family("show_ask_attend_answer", "attnkit.models.vqa:ShowAskAttendAnswerConfig",
            "attnkit.models.vqa:build_show_ask_attend_answer", "answering", "image_question", output="label"),
+    Family("las", "attnkit.models.las:LASConfig", "attnkit.models.las:build_las", "speech", "speech",
+           masks_source="memory", alignment=True),
+    Family("speech_transformer", "attnkit.models.speech_transformer:SpeechTransformerConfig",
+           "attnkit.models.speech_transformer:build_speech_transformer", "speech", "speech", masks_source="memory"),
 )}
 
 _KINDS: dict[str, object] = {
@@ -138,6 +142,7 @@ _KINDS: dict[str, object] = {
     "prompt": "attnkit.kinds.prompt:PROMPT",
     "sentences": "attnkit.kinds.sentences:SENTENCES",
     "image_question": "attnkit.kinds.image_question:IMAGE_QUESTION",
+    "speech": "attnkit.kinds.speech:SPEECH",
 }
 
 _FORMATS: dict[str, DataFormat] = {f.name: f for f in (
@@ -154,6 +159,9 @@ _FORMATS: dict[str, DataFormat] = {f.name: f for f in (
     DataFormat("labelled", "classification", needs=("train_file", "valid_file")),
     DataFormat("easy_vqa", "answering", reader="attnkit.data.vqa:easy_vqa_split"),
     DataFormat("vqa", "answering", needs=("train_file", "valid_file"), reader="attnkit.data.vqa:read_vqa_split"),
+    DataFormat("fsdd_digits", "speech", unit="characters", reader="attnkit.data.speech:read_fsdd_digits"),
+    DataFormat("speech_list", "speech", unit="characters", needs=("train_file", "valid_file"),
+               reader="attnkit.data.speech:read_list_split"),
 )}
 
 _TASKS: dict[str, Task] = {t.name: t for t in (
@@ -167,6 +175,8 @@ _TASKS: dict[str, Task] = {t.name: t for t in (
          "attnkit.checkpoint:classifier_model"),
     Task("answering", "attnkit.train.vqa:AnswerTask", "attnkit.data.vqa:question_vocab",
          "attnkit.models.vqa:answering_model"),
+    Task("speech", "attnkit.train.speech:SpeechTask", "attnkit.checkpoint:speech_tokenizer",
+         "attnkit.checkpoint:speech_model"),
 )}
 
 # the fast runtime's tricks (attnkit.fast.use), by the name ``train.fast`` gives them: each installs itself on a model

@@ -38,6 +38,7 @@ from attnkit.cli.decode import (
     add_embed,
     add_evaluate,
     add_generate,
+    add_transcribe,
     add_translate,
     cmd_align,
     cmd_caption,
@@ -46,6 +47,7 @@ from attnkit.cli.decode import (
     cmd_embed,
     cmd_evaluate,
     cmd_generate,
+    cmd_transcribe,
     cmd_translate,
 )
 from attnkit.cli.export import (
@@ -71,10 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a Python file (or module) that registers model families or input kinds "
                              "(attnkit.register_family; docs/extending.md); repeatable, also ATTNKIT_PLUGINS")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (add_train, add_translate, add_evaluate, add_classify, add_align, add_plot_by_length, add_caption,
-                add_answer,
-                add_generate, add_embed, add_shortlist, add_average, add_export, add_import_marian, add_compile,
-                add_serve, add_demo, add_data, add_bench):
+    for add in (add_train, add_translate, add_transcribe, add_evaluate, add_classify, add_align, add_plot_by_length,
+                add_caption, add_answer, add_generate, add_embed, add_shortlist, add_average, add_export,
+                add_import_marian, add_compile, add_serve, add_demo, add_data, add_bench):
         add(sub)
     return _add_threads_option(parser)
 
@@ -177,5 +178,6 @@ def _report(e: Exception) -> int:
 __all__ = [
     "StreamLines", "build_parser", "cmd_align", "cmd_average", "cmd_bench", "cmd_caption", "cmd_classify",
     "cmd_compile", "cmd_data_fetch", "cmd_demo", "cmd_embed", "cmd_evaluate", "cmd_export", "cmd_generate",
-    "cmd_import_marian", "cmd_plot_by_length", "cmd_serve", "cmd_shortlist", "cmd_train", "cmd_translate", "main",
+    "cmd_import_marian", "cmd_plot_by_length", "cmd_serve", "cmd_shortlist", "cmd_train", "cmd_transcribe",
+    "cmd_translate", "main",
 ]

@@ -25,6 +25,15 @@ from attnkit.data.inputs import CLASSIFY_FORMATS, ClassifierInput, StreamLines, 
 from attnkit.errors import AttnkitError
 
 CAPTION_CHUNK = 32  # images captioned together: their pixels and feature grids are held at once
+TRANSCRIBE_CHUNK = 16  # audio files transcribed together
+
+
+def _kind(checkpoint: str):
+    """The input kind of a checkpoint's family, from its config alone."""
+    from attnkit import registry
+    from attnkit.checkpoint import read_config, resolve_checkpoint
+
+    return registry.kind_of(read_config(resolve_checkpoint(checkpoint)).model.family)
 # sentences of a file translated together while the model compiles in the background: each chunk decodes with the
 # compiled steps if they are ready by then, eagerly otherwise
 TRANSLATE_CHUNK = 256
@@ -57,7 +66,8 @@ def _length_edges(text: str) -> tuple[int, ...]:
 def add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and score it with sacreBLEU, chrF and the papers' "
                                         "BLEU (lowercased, Moses-tokenised, as multi-bleu.perl); or, with --data, "
-                                        "score a classifier on a labelled file",
+                                        "score a classifier on a labelled file, or a speech model on a "
+                                        "path<TAB>transcript list (CER, WER, string accuracy)",
                        description="A translation model: --src and --ref, scored with sacreBLEU, chrF and the "
                                    "papers' BLEU. A classifier: --data FILE, a labelled file (a GLUE dev file, or "
                                    "your own CSV, TSV or JSONL with a header row), scored with accuracy, F1 and "
@@ -137,6 +147,18 @@ def add_caption(sub) -> None:
     p.add_argument("--show-attention", metavar="DIR", help="write one figure per image: attention for each word")
     add_precision_arg(p)
     p.set_defaults(func=cmd_caption)
+
+
+def add_transcribe(sub) -> None:
+    p = sub.add_parser("transcribe", help="transcribe audio files (WAV, FLAC, OGG) with a speech model, one "
+                                          "transcript a line, in order")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("audio", nargs="*", help="audio files (default: one path a line of stdin)")
+    p.add_argument("--list", metavar="FILE", help="a file naming one audio file a line (path, or path<TAB>transcript)")
+    p.add_argument("--beam", type=at_least(1), default=None)
+    p.add_argument("--show-attention", metavar="DIR", help="write one figure per file: its spectrogram and each "
+                                                           "character's attention over the frames")
+    p.set_defaults(func=cmd_transcribe)
 
 
 def add_generate(sub) -> None:
@@ -277,7 +299,7 @@ def cmd_evaluate(args) -> int:
         if args.src is not None or args.ref is not None:
             raise AttnkitError("--data with --src/--ref: give --data (a classifier's labelled file) or --src and "
                                "--ref (a translation test set)")
-        return _evaluate_classifier(args)
+        return _evaluate_speech(args) if _kind(args.checkpoint).evaluates_transcripts else _evaluate_classifier(args)
     for option in ("text_column", "pair_column", "label_column"):
         if getattr(args, option) is not None:
             raise AttnkitError(f"--{option.replace('_', '-')}: names a column of --data FILE (a classifier's "
@@ -426,6 +448,76 @@ def cmd_caption(args) -> int:
             yield lines
 
     return stream(args.output, captioned())
+
+
+def _audio_paths(args):
+    """The files to transcribe: the arguments, then --list's, else stdin's lines (read as they come)."""
+    from attnkit.data.speech import read_speech_list
+
+    yield from args.audio
+    if args.list:
+        lines = Path(args.list).read_text(encoding="utf-8").splitlines()
+        if any("\t" in line for line in lines):
+            yield from (str(p) for p in read_speech_list(args.list).audio)
+        else:
+            yield from (line.strip() for line in lines if line.strip())
+    elif not args.audio:
+        yield from (line.strip() for line in sys.stdin if line.strip())
+
+
+def cmd_transcribe(args) -> int:
+    """One transcript a line, in the files' order, each chunk written (flushed) as soon as it is done (from stdin,
+    each line's file as it comes); a bad file stops it with one line naming the file."""
+    from attnkit.api import load
+    from attnkit.viz import plot_speech_attention
+
+    check_output(args.show_attention, "--show-attention", directory=True)
+    model = load(args.checkpoint)
+    model.require("transcribe")
+    size = 1 if not args.audio and not args.list else TRANSCRIBE_CHUNK  # stdin: each line as it comes
+
+    def lines(chunk: list[str]) -> list[str]:
+        out = []
+        for path, t in zip(chunk, model.transcribe(chunk, beam=args.beam, details=True)):
+            out.append(t.text[0])
+            if args.show_attention:
+                hyp = t.hypotheses[0]
+                figure = Path(args.show_attention) / f"{Path(path).stem}.attention.png"
+                plot_speech_attention(model.kind.features(model, path).numpy(),
+                                      model.tokenizers.id_to_piece(hyp.tokens) + ["<end>"], hyp.attention,
+                                      model.module.time_reduction, figure)
+                print(f"  attention: {figure}", file=sys.stderr)
+        return out
+
+    def transcribed():
+        chunk: list[str] = []
+        for path in _audio_paths(args):
+            chunk.append(path)
+            if len(chunk) == size:
+                yield lines(chunk)
+                chunk = []
+        if chunk:
+            yield lines(chunk)
+
+    return stream(None, transcribed())
+
+
+def _evaluate_speech(args) -> int:
+    """`attnkit evaluate --data LIST` for a speech model: CER, WER (jiwer) and string accuracy of its transcripts
+    of a ``path<TAB>transcript`` list, as one JSON object."""
+    from attnkit.api import load
+    from attnkit.data.speech import read_speech_list
+
+    model = load(args.checkpoint)
+    data = read_speech_list(args.data)
+    scores, hyps = model.evaluate_transcripts(data)
+    result = {"checkpoint": str(model.path), "data": str(args.data), "n": len(hyps), **scores}
+    print(json.dumps(result))
+    if args.output:
+        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
 
 
 def cmd_generate(args) -> int:

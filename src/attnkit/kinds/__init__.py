@@ -36,6 +36,8 @@ class InputKind:
     has_source: bool = True  # False: the model reads its target alone (no encoder, no source positions)
     source_vocabulary: bool = False  # its source is tokens of a source vocabulary (shared embeddings need joint)
     title: str = "source"  # how one input is called in messages
+    evaluates_transcripts: bool = False  # `evaluate --data` reads a list of inputs with transcripts (speech)
+    json_inputs: bool = True  # its inputs travel in JSON bodies (/v1/attention, /v1/score); False: uploads only
 
     # --- Python values
 

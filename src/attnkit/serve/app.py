@@ -404,6 +404,22 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
         question = m.model.kind.check_upload(data, form.get("question"), settings)
         return await run(job("answer", m, {"image": data, "question": question}, key=("answer", m.name),
                              tokens=len(question.split()) + 1), request)
+    @app.post("/v1/transcribe")
+    async def transcribe(request: Request):
+        form = await _form(request, settings, "audio", settings.max_audio_bytes)
+        m = pick(form.get("model") or None, "/v1/transcribe")
+        upload = form.get("audio")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(422, "audio: required (a multipart file field named audio)")
+        beam = _form_int(form, "beam", None, 1, settings.max_beam)
+        attention = _form_bool(form, "attention", True)
+        extra = sorted(set(form.keys()) - {"model", "audio", "beam", "attention"})
+        if extra:
+            raise ApiError(422, f"{extra[0]}: unknown field (fields: audio, model, beam, attention)")
+        audio = m.model.kind.read_upload(m.model, await upload.read(), settings)
+        payload = {"audio": audio, "beam": beam, "attention": attention}
+        return await run(job("transcribe", m, payload, key=("transcribe", m.name, beam, attention),
+                             tokens=len(audio[0]) // 80), request)
 
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest, request: Request):
@@ -506,12 +522,12 @@ def _sse(name: str, data) -> str:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
-async def _form(request: Request, settings: Settings):
+async def _form(request: Request, settings: Settings, field: str = "image", max_bytes: int | None = None):
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
-        raise ApiError(400, "body: expected multipart/form-data with a file field named image")
+        raise ApiError(400, f"body: expected multipart/form-data with a file field named {field}")
     try:
-        return await request.form(max_files=1, max_fields=8, max_part_size=settings.max_image_bytes)
+        return await request.form(max_files=1, max_fields=8, max_part_size=max_bytes or settings.max_image_bytes)
     except (ApiError, StarletteHTTPException):
         raise
     except Exception as e:  # noqa: BLE001 - python-multipart and starlette raise several kinds for a bad body

@@ -100,7 +100,7 @@ def check_classify(m, body) -> None:
 
 CAPABILITY = {"/v1/translate": "translate", "/v1/generate": "generate", "/v1/caption": "caption",
               "/v1/attention": "attention", "/v1/score": "score", "/v1/positional": "attention",
-              "/v1/classify": "classify", "/v1/answer": "answer"}
+              "/v1/classify": "classify", "/v1/answer": "answer", "/v1/transcribe": "transcribe"}
 
 
 def serves(m, endpoint: str) -> bool:
@@ -111,6 +111,8 @@ def serves(m, endpoint: str) -> bool:
         return False
     if "classify" in model.capabilities:
         return endpoint == "/v1/classify"
+    if endpoint in ("/v1/attention", "/v1/score") and not model.kind.json_inputs:
+        return False
     if endpoint == "/v1/score":
         return "caption" not in model.capabilities  # a captioner's sources are images: not sent as JSON
     if endpoint == "/v1/positional":
@@ -186,6 +188,8 @@ def run_batch(batch: list[Job], settings) -> list:
         return run_classify(batch, settings)
     if kind == "answer":
         return run_answer(batch, settings)
+    if kind == "transcribe":
+        return run_transcribe(batch, settings)
     job = batch[0]
     try:
         return [RUNNERS[kind](job, settings)]
@@ -431,6 +435,26 @@ def run_caption(job: Job, settings) -> dict:
     if p["attention"]:
         out["attention"] = [] if h.attention is None else _rounded(h.attention)
     return out
+
+
+def run_transcribe(batch: list[Job], settings) -> list:
+    """Jobs of one key (model, beam, attention) transcribed together: each job's audio is one utterance (already
+    read and checked: :meth:`attnkit.kinds.speech.SpeechKind.read_upload`)."""
+    m, p = batch[0].served, batch[0].payload
+    model = m.model
+    out = model.transcribe([j.payload["audio"] for j in batch], beam=p["beam"], details=True)
+    answers = []
+    for job, t in zip(batch, out):
+        h = t.hypotheses[0]
+        answer = {"model": m.name, "transcript": t.text[0],
+                  "characters": list(model.tokenizers.id_to_piece(h.tokens)) + ["<end>"], "score": _score(h.score),
+                  "frames": [list(span) for span in model.kind.spans(model, t.frames)],
+                  "seconds": round(t.frames / 100, 2),
+                  "spectrogram": _rounded(model.kind.features(model, job.payload["audio"]), 2)}
+        if job.payload["attention"]:
+            answer["attention"] = [] if h.attention is None else _rounded(h.attention)
+        answers.append(answer)
+    return answers
 
 
 def run_attention(job: Job, settings) -> dict:

@@ -16,7 +16,7 @@ log = logging.getLogger("attnkit.serve")
 
 ENDPOINTS = {"/health", "/metrics", "/docs", "/openapi.json", "/v1/models", "/v1/translate", "/v1/generate",
              "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional", "/v1/classify",
-             "/v1/answer"}
+             "/v1/answer", "/v1/transcribe"}
 
 
 class BodyTooLarge(HTTPException):
@@ -49,6 +49,8 @@ class GuardMiddleware:
     def _limit(self, path: str) -> int:
         if path in ("/v1/caption", "/v1/answer"):
             return self.settings.max_image_bytes + 65536  # the form's other fields and boundaries
+        if path == "/v1/transcribe":
+            return self.settings.max_audio_bytes + 65536
         if path == "/v1/attention":
             return self.settings.max_body_bytes + self.settings.max_image_bytes * 4 // 3 + 1024  # base64
         return self.settings.max_body_bytes

@@ -221,6 +221,10 @@ def _answers() -> dict:
                 ["token", "top"]))}, ["model", "text", "completion", "tokens", "score"]),
         "Caption": _obj({"model": STRING, "caption": STRING, "words": words, "score": NUMBER, "grid": grid,
                          "attention": matrix}, ["model", "caption", "words", "score", "grid"]),
+        "Transcript": _obj({"model": STRING, "transcript": STRING, "characters": words, "score": NUMBER,
+                            "frames": _array(_array(NUMBER)), "seconds": NUMBER, "attention": matrix,
+                            "spectrogram": matrix},
+                           ["model", "transcript", "characters", "score", "frames", "seconds"]),
         "Attention": _obj({
             "model": STRING, "family": STRING, "source": words, "target": words, "output": STRING,
             "score": NUMBER, "encoder": maps, "decoder": maps, "cross": maps, "grid": _nullable(grid),
@@ -338,6 +342,21 @@ def openapi_document(served: dict, default: str, settings: Settings, version: st
             "schema": form, "encoding": {"image": {"contentType": "image/*"}}}}}
         paths["/v1/answer"] = {"post": operation("Answer", _responses(POST_ERRORS + extra, "Answer", retry=True),
                                                  body)}
+    transcribers = [m.name for m in served.values() if serves(m, "/v1/transcribe")]
+    if transcribers:
+        first = default_for(served, default, "/v1/transcribe")
+        form = _obj({
+            "audio": {"type": "string", "format": "binary", "description": f"the audio file (WAV, FLAC, OGG); at "
+                      f"most {settings.max_audio_bytes} bytes and {settings.max_audio_seconds:g} s (more: 413); "
+                      "not audio, empty, silent, truncated or at a rate below the model's: 422"},
+            "model": {"type": "string", "enum": [*transcribers, ""],
+                      "description": f"a speech model (empty or absent: {first})"},
+            "beam": {"type": "integer", "minimum": 1, "maximum": settings.max_beam},
+            "attention": {"type": "boolean", "default": True}}, ["audio"])
+        body = {"required": True, "content": {"multipart/form-data": {
+            "schema": form, "encoding": {"audio": {"contentType": "audio/*"}}}}}
+        paths["/v1/transcribe"] = {"post": operation("Transcribe", _responses(POST_ERRORS + extra, "Transcript",
+                                                                              retry=True), body)}
     document = {
         "openapi": "3.1.0",
         "info": {"title": "attnkit serve", "version": version,

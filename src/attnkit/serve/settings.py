@@ -23,6 +23,8 @@ class Settings:
     max_body_bytes: int = 1 << 20  # JSON bodies; more: 413
     max_image_bytes: int = 10 << 20  # /v1/caption uploads and /v1/attention's images
     max_image_pixels: int = 25_000_000  # width x height of an image as its header declares it; more: 413
+    max_audio_bytes: int = 5 << 20  # /v1/transcribe uploads; more: 413
+    max_audio_seconds: float = 30.0  # /v1/transcribe: longer audio (or longer than the model hears): 413
     body_timeout: float = 10.0  # seconds to receive a request's body once its headers are in; then 408
     precision: str = "fp32"  # what the models decode in (attnkit.fast.precision): fp32, bf16 or int8
     compile: bool | None = None  # compile the models' decoding at start; None: attnkit.fast.compiles_by_default

@@ -80,3 +80,25 @@ def plot_caption_attention(image, words: list[str], alphas, grid: tuple[int, int
         ax.imshow(m / max(m.max(), 1e-9), cmap="gray", alpha=0.6, vmin=0, vmax=1)
         ax.set_title(word, fontsize=10)
     return finish(fig, path, dpi=100)
+
+
+def plot_speech_attention(features, characters: list[str], attention, time_reduction: int,
+                          path: str | Path | None = None, hop_seconds: float = 0.01) -> Figure:
+    """The LAS paper's alignment figure: the utterance's log-mel frames [T, F] on top, and below each output
+    character's attention [len(characters), U] over the encoder's frames (each ``time_reduction`` feature frames),
+    both on one time axis in seconds."""
+    features = np.asarray(features, dtype=np.float32)
+    weights = np.asarray(attention, dtype=np.float32)
+    seconds = features.shape[0] * hop_seconds
+    fig = Figure(figsize=(max(6.0, seconds * 2.5), 2.0 + 0.22 * len(characters)))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, max(1.0, len(characters) / 8)]})
+    top.imshow(features.T, origin="lower", aspect="auto", cmap="magma", extent=(0, seconds, 0, features.shape[1]))
+    top.set_ylabel("mel band")
+    span = weights.shape[1] * time_reduction * hop_seconds
+    bottom.imshow(weights, aspect="auto", cmap="Greys", extent=(0, span, len(characters) - 0.5, -0.5),
+                  vmin=0.0, vmax=max(float(weights.max()), 1e-6))
+    bottom.set_yticks(range(len(characters)), [c if c.strip() else "␣" for c in characters])
+    bottom.set_xlabel("time (s)")
+    bottom.set_ylabel("output")
+    fig.tight_layout()
+    return finish(fig, path)

@@ -12,8 +12,9 @@ import caption from "./views/caption.js";
 import ask from "./views/ask.js";
 import rnnsearch from "./views/rnnsearch.js";
 import positional from "./views/positional.js";
+import listen from "./views/listen.js";
 
-const VIEWS = [translate, modelView, interventions, lm, classify, caption, ask, rnnsearch, positional];
+const VIEWS = [translate, modelView, interventions, lm, classify, caption, ask, listen, rnnsearch, positional];
 const byId = Object.fromEntries(VIEWS.map((v) => [v.id, v]));
 
 window.attnkit = window.attnkit || {};

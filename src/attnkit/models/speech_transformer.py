@@ -1,0 +1,98 @@
+"""The Speech Transformer (Dong et al., ICASSP 2018): two strided 2-D convolutions subsample the log-mel frames 4x
+in time (and in frequency), then attnkit's Transformer encoder-decoder spells characters.
+
+    z = ReLU(Conv2d_s2(ReLU(Conv2d_s2(x))))        x [B, 1, T, F] -> z [B, C, T/4, F/4]
+    e = W vec(z) + PE                               [B, T/4, d_model], sinusoidal positions
+    memory = Encoder(e);  the decoder as :class:`~attnkit.models.transformer.EncoderDecoder`'s
+
+Each convolution's output past a row's length is zeroed, so a padded batch sees exactly what the row alone sees
+(zeros where the convolution pads it), and the encoder masks the padded frames it is left with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from torch import Tensor, nn
+
+from attnkit.models.transformer import EncoderDecoder, EncoderDecoderSizes, Memory, encoder_layers
+from attnkit.nn import make_positional
+from attnkit.nn.audio import Frames, conv_lengths, frame_padding_mask
+
+
+@dataclass
+class SpeechTransformerConfig(EncoderDecoderSizes):
+    """The Speech Transformer: ``conv_channels`` channels in each of the two 3x3 stride-2 convolutions, then the
+    Transformer's sizes."""
+
+    family: str = "speech_transformer"
+    d_model: int = 144
+    n_heads: int = 4
+    d_ff: int = 576
+    n_encoder_layers: int = 4
+    n_decoder_layers: int = 2
+    conv_channels: int = 32
+
+
+class ConvSubsampling(nn.Module):
+    """Two 3x3 convolutions of stride 2 over (time, frequency), each followed by ReLU: time and frequency / 4."""
+
+    def __init__(self, n_mels: int, channels: int, d_model: int):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(1, channels, 3, 2, 1), nn.Conv2d(channels, channels, 3, 2, 1)])
+        f = n_mels
+        for _ in self.convs:
+            f = (f - 1) // 2 + 1
+        self.proj = nn.Linear(channels * f, d_model)
+
+    def forward(self, frames: Frames) -> tuple[Tensor, Tensor]:
+        """frames [B, T, F] -> [B, T', d_model] and the lengths [B] it keeps."""
+        x, lengths = frames.features[:, None], frames.lengths
+        x = x.masked_fill(frame_padding_mask(lengths, x.size(2))[:, None, :, None], 0.0)
+        for conv in self.convs:
+            x, lengths = conv(x).relu(), conv_lengths(lengths)
+            x = x.masked_fill(frame_padding_mask(lengths, x.size(2))[:, None, :, None], 0.0)
+        b, c, t, f = x.shape
+        return self.proj(x.permute(0, 2, 1, 3).reshape(b, t, c * f)), lengths
+
+
+class SpeechTransformer(EncoderDecoder):
+    """The convolutional front end, sinusoidal (or learned) positions, the Transformer encoder, then the decoder."""
+
+    capabilities = frozenset({"transcribe", "score", "attention"})
+
+    def __init__(self, cfg: SpeechTransformerConfig, n_mels: int, vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.subsample = ConvSubsampling(n_mels, cfg.conv_channels, d)
+        self.src_positions = make_positional(cfg.positional, d, cfg.max_positions)
+        self.src_dropout = nn.Dropout(cfg.dropout)
+        self.encoder = encoder_layers(cfg)
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.build_decoder(cfg, vocab_size)
+
+    time_reduction = 4  # feature frames per encoder frame
+
+    def memory_lengths(self, lengths: Tensor) -> Tensor:
+        """Feature frames [B] -> the encoder's frames [B] the decoder attends over."""
+        return conv_lengths(conv_lengths(lengths))
+
+    def encode(self, source: Frames, need_weights: bool = False) -> Memory:
+        """Frames [B, T, F] -> Memory over the T/4 subsampled frames; with ``need_weights`` it carries each encoder
+        layer's self-attention [B, H, T/4, T/4]."""
+        x, lengths = self.subsample(source)
+        padding_mask = frame_padding_mask(lengths, x.size(1))
+        x = self.src_dropout(x + self.src_positions(x.size(1)))
+        weights = []
+        for layer in self.encoder:
+            out = layer(x, padding_mask, need_weights)
+            x = out.x
+            weights.append(out.self_weights)
+        memory = Memory(self.encoder_norm(x), padding_mask)
+        return replace(memory, weights=weights) if need_weights else memory
+
+
+def build_speech_transformer(cfg: SpeechTransformerConfig, n_mels: int, vocab_size: int) -> SpeechTransformer:
+    """A Speech Transformer over ``n_mels``-band frames, spelling ``vocab_size`` characters."""
+    return SpeechTransformer(cfg, n_mels, vocab_size)
