@@ -827,6 +827,10 @@ def test_gradient_accumulation_equals_one_update_on_the_union(tmp_path):
 # --- configs: one dataclass per model family
 
 CONFIGS = Path(__file__).parent.parent / "configs"
+from attnkit.models.las import LASConfig  # noqa: E402
+from attnkit.models.speech_transformer import SpeechTransformerConfig  # noqa: E402
+from attnkit.models.vqa import ShowAskAttendAnswerConfig  # noqa: E402
+
 SHIPPED = {  # each shipped config and the dataclass its [model] table must become
     "flickr8k_sat": ShowAttendTellConfig,
     "flickr8k_transformer": TransformerCaptionerConfig,
@@ -845,6 +849,9 @@ SHIPPED = {  # each shipped config and the dataclass its [model] table must beco
     "glue_mrpc": BertClassifierConfig,
     "glue_stsb": BertClassifierConfig,
     "glue_sst2_gpt": GPTClassifierConfig,
+    "easy_vqa": ShowAskAttendAnswerConfig,
+    "fsdd_digits_las": LASConfig,
+    "fsdd_digits_speech_transformer": SpeechTransformerConfig,
 }
 
 

@@ -35,6 +35,18 @@ def resolve_data_dir(option: str | None = None) -> Path:
     raise AttnkitError("no data directory: pass --data-dir or set ATTNKIT_DATA")
 
 
+def read_text(path: Path) -> str:
+    """A user's UTF-8 text file, whole; a missing, unreadable or non-UTF-8 file is one line naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AttnkitError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise AttnkitError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise AttnkitError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
 def read_lines(path: str | Path) -> list[str]:
     """Lines of a plain or .gz UTF-8 file, without their newline."""
     path = Path(path)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnkit.data.corpus import resolve_data_dir
+from attnkit.data.corpus import read_text, resolve_data_dir
 from attnkit.errors import AttnkitError
 
 FSDD_RATE = 8000
@@ -136,14 +136,7 @@ def read_speech_list(path: str | Path) -> Utterances:
     """``path<TAB>transcript`` lines (UTF-8; relative paths are relative to the list's folder; blank lines and
     ``#`` comments skipped). A line without a tab, or with an empty path or transcript, is an error naming its line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AttnkitError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise AttnkitError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise AttnkitError(f"{path}: cannot read ({e.strerror or e})") from None
+    text = read_text(path)
     out = Utterances(origin=str(path))
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnkit.data.corpus import read_text
 from attnkit.data.vocab import WordVocab
 from attnkit.errors import AttnkitError
 
@@ -86,14 +87,7 @@ def read_easy_vqa(split: str) -> VQAExamples:
 
 def _rows(path: Path):
     """(line number, {field: value}) of a JSONL file, or of a TSV file with a header row."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AttnkitError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise AttnkitError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise AttnkitError(f"{path}: cannot read ({e.strerror})") from None
+    text = read_text(path)
     if path.suffix.lower() == ".tsv":
         lines = text.splitlines()
         if not lines:
