@@ -21,6 +21,11 @@
 # make flickr8k-transformer — the Transformer captioner on the same grids, then its JSON
 # make fsdd-digits — LAS and the Speech Transformer on spoken FSDD digit strings (20 min each) and five
 #              speaker-held-out folds, then their JSONs (docs/speech.md)
+# make notebooks — every notebooks/*.py run top to bottom at the full budget (a few minutes each), kept executed as
+#              notebooks/*.ipynb and rendered with its figures into docs/notebooks/ (Markdown), the wall time of each at
+#              the full and the small budget in docs/notebooks/README.md (NOTEBOOKS_BUDGET=small: a quick rendering)
+# make notebooks-exercises — copies of the notebooks with each solution blanked (raise NotImplementedError), .py and
+#              .ipynb, into notebooks/exercises/ (EXERCISES_DIR=... elsewhere): a class's starting point
 # make wheel-check — build the wheel, install it with torch==2.13.0 into a fresh python3.11 venv, run attnkit
 #              --version and a 30-step demo from it (one of make test's tests; under a minute, mostly installing torch)
 # make threads-demo — demo training steps/s with one core held busy: torch's default threads against attnkit's
@@ -44,7 +49,7 @@ JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /u
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) \
 	MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1$(,)lg_extent_max_active_fit:10)
 
-.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer fsdd-digits bench lint clean wheel-check threads-demo browser java screenshots
+.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer fsdd-digits bench lint clean wheel-check threads-demo browser java screenshots notebooks notebooks-exercises
 
 $(STAMP): pyproject.toml | jemalloc
 	python3 -m venv $(VENV)
@@ -274,6 +279,20 @@ wheel-check: $(STAMP)
 	end=$$(date +%s); echo "wheel-check: ok in $$((end - start)) s: build $$((built - start)) s, venv and install \
 	$$((installed - built)) s, run $$((end - installed)) s (demo exit $$rc: 1 is only its accuracy bar, unmet after \
 	$(WHEEL_DEMO_STEPS) steps)"
+
+# the notebooks extra (Jupyter, Jupytext, nbclient, nbconvert) over make test's set-up
+NOTEBOOKS_STAMP := $(VENV)/.notebooks
+$(NOTEBOOKS_STAMP): $(STAMP)
+	$(VENV)/bin/pip install --quiet -e '.[notebooks]'
+	touch $(NOTEBOOKS_STAMP)
+
+NOTEBOOKS_BUDGET ?= full
+notebooks: $(NOTEBOOKS_STAMP)
+	$(RUN) $(PY) notebooks/tools/render.py --budget $(NOTEBOOKS_BUDGET)
+
+EXERCISES_DIR ?= notebooks/exercises
+notebooks-exercises: $(STAMP)
+	$(PY) notebooks/tools/exercises.py --out $(EXERCISES_DIR)
 
 threads-demo: $(STAMP)
 	$(PY) bench/threads_demo.py
