@@ -21,9 +21,11 @@
 # make flickr8k-transformer — the Transformer captioner on the same grids, then its JSON
 # make fsdd-digits — LAS and the Speech Transformer on spoken FSDD digit strings (20 min each) and five
 #              speaker-held-out folds, then their JSONs (docs/speech.md)
-# make notebooks — every notebooks/*.py run top to bottom at the full budget (a few minutes each), kept executed as
-#              notebooks/*.ipynb and rendered with its figures into docs/notebooks/ (Markdown), the wall time of each at
-#              the full and the small budget in docs/notebooks/README.md (NOTEBOOKS_BUDGET=small: a quick rendering)
+# make lab — .venv with the notebooks extra, each notebooks/NN_slug.py as a working copy NN_slug.ipynb where there is
+#              none, then JupyterLab on notebooks/ (open 01_attention_pooling.ipynb and run it: the lectures begin)
+# make notebooks — every notebooks/*.py run top to bottom at the full budget (a few minutes each), kept executed
+#              in runs/notebooks/executed/, rendered with its figures into docs/notebooks/ (Markdown), the wall time
+#              of each at both budgets in docs/notebooks/README.md (NOTEBOOKS_BUDGET=small: a quick rendering)
 # make notebooks-exercises — copies of the notebooks with each solution blanked (raise NotImplementedError), .py and
 #              .ipynb, into notebooks/exercises/ (EXERCISES_DIR=... elsewhere): a class's starting point
 # make wheel-check — build the wheel, install it with torch==2.13.0 into a fresh python3.11 venv, run attnkit
@@ -49,7 +51,7 @@ JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /u
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) \
 	MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1$(,)lg_extent_max_active_fit:10)
 
-.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer fsdd-digits bench lint clean wheel-check threads-demo browser java screenshots notebooks notebooks-exercises
+.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer fsdd-digits bench lint clean wheel-check threads-demo browser java screenshots notebooks notebooks-exercises lab
 
 $(STAMP): pyproject.toml | jemalloc
 	python3 -m venv $(VENV)
@@ -285,6 +287,11 @@ NOTEBOOKS_STAMP := $(VENV)/.notebooks
 $(NOTEBOOKS_STAMP): $(STAMP)
 	$(VENV)/bin/pip install --quiet -e '.[notebooks]'
 	touch $(NOTEBOOKS_STAMP)
+
+# a learner's copies are never overwritten: only a missing .ipynb is made from its .py
+lab: $(NOTEBOOKS_STAMP)
+	@for f in notebooks/[0-9]*.py; do [ -e "$${f%.py}.ipynb" ] || $(VENV)/bin/jupytext --quiet --to ipynb "$$f"; done
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
 
 NOTEBOOKS_BUDGET ?= full
 notebooks: $(NOTEBOOKS_STAMP)

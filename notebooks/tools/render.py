@@ -3,7 +3,8 @@
 Each ``notebooks/NN_slug.py`` (Jupytext's percent format) is executed by a Jupyter kernel (nbclient) in
 ``notebooks/``, at the full budget (``ATTNKIT_NOTEBOOK_BUDGET=full``), and written
 
-- executed, as ``notebooks/NN_slug.ipynb`` (open it in Jupyter; not kept in git),
+- executed, as ``runs/notebooks/executed/NN_slug.ipynb`` (open it in Jupyter; ``notebooks/NN_slug.ipynb`` is left
+  alone: ``make lab`` makes it, unexecuted, as a learner's working copy),
 - as Markdown with its figures: ``docs/notebooks/NN_slug.md`` and ``docs/notebooks/NN_slug_files/*.png``;
 
 then once more at the small budget, only timed. ``docs/notebooks/runtimes.json`` keeps each notebook's two wall times
@@ -105,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"make notebooks: {path.name} failed at the {args.budget} budget: {type(e).__name__}: "
                   f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}", file=sys.stderr)
             return 1
-        nbformat.write(notebook, path.with_suffix(".ipynb"))
+        executed = ROOT / "runs" / "notebooks" / "executed" / f"{stem}.ipynb"
+        executed.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, executed)
         print(f"{path.name}: {args.budget} budget in {seconds:.0f} s -> {render(notebook, stem).relative_to(ROOT)}")
         times = {args.budget: round(seconds, 1), "machine": machine()}
         if args.budget == "full" and not args.no_small:
