@@ -24,8 +24,9 @@
 #
 # **Needs:** nothing but attnkit and matplotlib (`pip install "attnkit[notebooks]"`); no data, nothing downloaded.
 #
-# **Runtime on the 2-core machine:** full budget about 20 seconds; small budget
-# (`ATTNKIT_NOTEBOOK_BUDGET=small`: fewer samples for the measurement) about 15 seconds.
+# **Runtime on the 2-core machine:** full budget about 25 seconds; small budget
+# (`ATTNKIT_NOTEBOOK_BUDGET=small`: fewer samples for the measurement) about 20 seconds, both with other jobs on the
+# machine (a quiet one is faster).
 #
 # The code it exercises: `src/attnkit/nn/attention.py` (`attend`, `dot_score`, `scaled_dot_score`,
 # `GeneralScore`, `AdditiveScore`, `masked_softmax`), `src/attnkit/check.py`; docs/lectures.md sections 1 to 3.
@@ -268,8 +269,8 @@ for d, s, t, g in zip(dims, spread[""], top_weight["unscaled"], gradient["unscal
     print(f"d = {d:5d}: std of q.k {s:6.2f}; unscaled: largest weight {t:.3f}, gradient {g:.4f}")
 
 # %% [markdown]
-# Unscaled, the largest weight climbs towards 1 as $d$ grows and the gradient collapses; scaled, both stay where
-# they were at $d = 4$.
+# Unscaled, the largest weight climbs towards 1 as $d$ grows and, once the softmax saturates, the gradient
+# collapses; scaled, both stay where they were at $d = 4$.
 #
 # ## Scaled dot-product attention, with a mask
 #

@@ -23,9 +23,10 @@
 # **Needs:** nothing but attnkit and matplotlib (`pip install "attnkit[notebooks]"`); the dates are generated,
 # nothing is downloaded. It writes a training run under `runs/notebooks/`.
 #
-# **Runtime on the 2-core machine:** full budget about 4 minutes (the Transformer trains for 2 minutes at one thread,
+# **Runtime on the 2-core machine:** full budget about 3 minutes (the Transformer trains for 2 minutes at one thread,
 # `attnkit bench complexity --quick` runs about half a minute); small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`: a tiny
-# Transformer trained for a few seconds, which learns little, and the cost table on smaller sizes) about 25 seconds.
+# Transformer trained for a few seconds, which learns little, and only the steps and paths of the cost table) about
+# 25 seconds. Both measured with other jobs on the machine: a quiet one is faster, and trains further in its 2 minutes.
 #
 # The code it exercises: `src/attnkit/nn/attention.py` (`MultiHeadAttention`, `causal_mask`, `KVCache`),
 # `src/attnkit/nn/positional.py` (`sinusoidal_table`), `src/attnkit/models/transformer.py`,
@@ -245,7 +246,8 @@ print(attnkit.check.multi_head(my_multi_head))
 # `attnkit bench complexity` measures every column on real layers: FLOPs as n and d grow (fitted exponents),
 # sequential operations as the longest chain of dependent kernels the forward pass launches, and the maximum path
 # length as the fewest hops, found by autograd, from input 0 to output n - 1. At the full budget the notebook runs the
-# command (`--quick`: a few small sizes); at the small one, the same functions on fewer sizes.
+# command (`--quick`: a few small sizes); at the small one, the same functions count the sequential operations and
+# path lengths only.
 
 # %%
 out = RUNS / "04_complexity" / "complexity_quick.json"
@@ -255,22 +257,18 @@ if full:
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     print(done.stdout[done.stdout.index("layer "):])
-else:
-    ns, ds, path_ns = (8, 16), (8, 16), (4, 8)
-    rows = bench_complexity.measure(ns, ds, batch=1, repeats=1)
-    structure = {kind: [{"n": n,
-                         "sequential_steps": bench_complexity.sequential_steps(kind, n)
-                         if kind in bench_complexity.LAYERS else None,
-                         "path_length": bench_complexity.path_length(kind, n),
-                         "theory_path_length": bench_complexity.theory_path_length(kind, n)} for n in path_ns]
-                 for kind in ("rnn", "conv", "conv_causal", "conv_dilated", "self_attention")}
-    fits = {kind: {"flops_exponent_n": bench_complexity.exponent(rows, kind, "n", {"d": ds[-1]}),
-                   "flops_exponent_d": bench_complexity.exponent(rows, kind, "d", {"n": ns[-1]})}
-            for kind in ("rnn", "conv", "self_attention")}
-    cross = {str(d): {"time": bench_complexity.crossover(rows, d, "total_ms"),
-                      "time_fused": bench_complexity.crossover(rows, d, "total_ms", "self_attention_fused"),
-                      "flops": bench_complexity.crossover(rows, d, "flops"), "theory": d} for d in ds}
-    print(bench_complexity.report(structure, fits, cross, ns, ds))
+else:  # the structure only: counting FLOPs costs seconds of set-up, the full budget's command counts them
+    path_ns = (4, 8, 16)
+    print(f"{'layer':<30}{'sequential operations':<32}maximum path length   (n = {', '.join(map(str, path_ns))})")
+    for kind, name in (("self_attention", "self-attention"), ("rnn", "recurrent (GRU)"),
+                       ("conv", "convolutional (centred)"), ("conv_causal", "  causal"),
+                       ("conv_dilated", "  causal, dilated k^l")):
+        _, sequential, longest = bench_complexity.LECTURES[kind]
+        steps = [bench_complexity.sequential_steps(kind, n) if kind in bench_complexity.LAYERS else "-"
+                 for n in path_ns]
+        paths = [bench_complexity.path_length(kind, n) for n in path_ns]
+        steps, paths = ", ".join(map(str, steps)), ", ".join(map(str, paths))
+        print(f"{name:<30}{sequential or '':<10}{steps:<22}{longest:<12}{paths}")
 
 # %% [markdown]
 # Self-attention needs one step and one hop whatever n is; the GRU needs n steps and n - 1 hops; a convolution needs

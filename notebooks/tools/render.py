@@ -67,22 +67,25 @@ def write_index(runtimes: dict) -> Path:
         times = runtimes[stem]
         cells = [f"{times[b]:.0f} s" if b in times else "not run" for b in ("full", "small")]
         rows.append(f"| [{stem}]({stem}.md) | {cells[0]} | {cells[1]} |")
-    machines = sorted({t["machine"] for t in runtimes.values() if "machine" in t})
+    machines = [f"{stem}: {t['machine']}" for stem, t in sorted(runtimes.items()) if "machine" in t]
     text = ("# The notebooks, executed\n\n"
             "Written by `make notebooks` from `notebooks/*.py` run top to bottom at the full budget, each with its "
             "figures; the wall time of each run (a Jupyter kernel's start included) at the full budget and at the "
             "small one that `make test` runs. The sources and what each notebook needs: "
             "[../notebooks.md](../notebooks.md).\n\n" + "\n".join(rows) + "\n\n"
-            f"Measured on: {'; '.join(machines) or 'not recorded'}.\n")
+            "Measured on:\n\n" + "".join(f"- {m}\n" for m in machines))
     target = DOCS / "README.md"
     target.write_text(text, encoding="utf-8")
     return target
 
 
 def machine() -> str:
+    """The CPUs, torch, its threads, and the load the machine carried (other jobs slow a notebook down)."""
     import torch
 
-    return f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, {threads} torch "
+            f"thread{'s' if threads != 1 else ''}, load average {os.getloadavg()[0]:.1f} at the end")
 
 
 def main(argv: list[str] | None = None) -> int:
