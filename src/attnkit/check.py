@@ -90,6 +90,8 @@ class Case:
 
 @dataclass
 class Mistake:
+    """A typical mistake: its ``key`` (in :attr:`Result.mistakes`) and the words the sentence names it with."""
+
     key: str
     text: str
 
