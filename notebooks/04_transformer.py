@@ -256,7 +256,11 @@ if full:
     done = subprocess.run([sys.executable, "-m", "attnkit", "bench", "complexity", "--quick", "--out", str(out)],
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
-    print(done.stdout[done.stdout.index("layer "):])
+    print(done.stdout[done.stdout.index("layer "):done.stdout.rindex("wrote ")])  # the table, not the file names
+    fig, ax = plt.subplots(figsize=(12, 5))
+    ax.imshow(plt.imread(out.with_suffix(".png")))  # the command's own plot of time, FLOPs and memory against n
+    ax.axis("off")
+    plt.show()
 else:  # the structure only: counting FLOPs costs seconds of set-up, the full budget's command counts them
     path_ns = (4, 8, 16)
     print(f"{'layer':<30}{'sequential operations':<32}maximum path length   (n = {', '.join(map(str, path_ns))})")

@@ -53,22 +53,25 @@ def strip_solutions(text: str, name: str = "<notebook>") -> str:
 
 
 def write_exercises(paths: list[Path], out: Path) -> list[Path]:
-    """The blanked copy of each notebook into ``out`` (.py, and .ipynb where Jupytext is installed)."""
+    """The blanked copy of each notebook into ``out`` (.py, and .ipynb where Jupytext is installed). Every notebook is
+    blanked and compiled before anything is written: a marker out of place writes nothing."""
+    copies = {}
+    for path in paths:
+        text = strip_solutions(path.read_text(encoding="utf-8"), str(path))
+        compile(text, str(path), "exec")  # a copy that is not Python would be no exercise
+        copies[path.name] = text
     try:
         import jupytext
     except ImportError:
         jupytext = None
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for path in paths:
-        text = strip_solutions(path.read_text(encoding="utf-8"), str(path))
-        compile(text, str(path), "exec")  # a copy that is not Python would be no exercise
-        target = out / path.name
+    for name, text in copies.items():
+        target = out / name
         target.write_text(text, encoding="utf-8")
         written.append(target)
         if jupytext is not None:
-            notebook = jupytext.reads(text, fmt="py:percent")
-            jupytext.write(notebook, target.with_suffix(".ipynb"), fmt="ipynb")
+            jupytext.write(jupytext.reads(text, fmt="py:percent"), target.with_suffix(".ipynb"), fmt="ipynb")
             written.append(target.with_suffix(".ipynb"))
     return written
 
