@@ -282,9 +282,13 @@ wheel-check: $(STAMP)
 	$$((installed - built)) s, run $$((end - installed)) s (demo exit $$rc: 1 is only its accuracy bar, unmet after \
 	$(WHEEL_DEMO_STEPS) steps)"
 
-# the notebooks extra (Jupyter, Jupytext, nbclient, nbconvert) over make test's set-up
+# the same .venv with the notebooks extra (Jupyter, Jupytext, nbclient, nbconvert and the extras the notebooks use),
+# without the test tools: a learner's make lab installs no more than the notebooks need
 NOTEBOOKS_STAMP := $(VENV)/.notebooks
-$(NOTEBOOKS_STAMP): $(STAMP)
+$(NOTEBOOKS_STAMP): pyproject.toml | jemalloc
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet torch==2.13.0
 	$(VENV)/bin/pip install --quiet -e '.[notebooks]'
 	touch $(NOTEBOOKS_STAMP)
 
@@ -298,7 +302,7 @@ notebooks: $(NOTEBOOKS_STAMP)
 	$(RUN) $(PY) notebooks/tools/render.py --budget $(NOTEBOOKS_BUDGET)
 
 EXERCISES_DIR ?= notebooks/exercises
-notebooks-exercises: $(STAMP)
+notebooks-exercises: $(NOTEBOOKS_STAMP)
 	$(PY) notebooks/tools/exercises.py --out $(EXERCISES_DIR)
 
 threads-demo: $(STAMP)

@@ -121,5 +121,7 @@ def test_the_notebooks_extra_installs_jupyter_and_what_the_tests_run():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     names = {re.match(r"[\w.-]+", d).group().lower() for d in extras["notebooks"]}
     assert {"jupyter", "jupytext", "nbclient", "ipykernel", "nbconvert", "matplotlib"} <= names
+    included = set(re.findall(r"\w+", next(d for d in extras["notebooks"] if d.startswith("attnkit["))))
+    assert {"caption", "bert", "speech", "vqa"} <= included  # what the notebooks load: weights, audio, easy-VQA
     dev = {re.match(r"[\w.-]+", d).group().lower() for d in extras["dev"]}
     assert {"jupytext", "nbclient", "ipykernel"} <= dev
