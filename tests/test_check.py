@@ -83,6 +83,18 @@ def attention_inverted_mask(q, k, v, mask=None):
     return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
 
 
+def attention_mask_zero(q, k, v, mask=None):
+    scores = q @ k.transpose(-1, -2) / math.sqrt(k.shape[-1])
+    if mask is not None:
+        scores = scores * mask  # a masked score of 0 still gets weight
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def attention_sdpa(q, k, v, mask=None):
+    """Right: torch's fused attention (a row with no allowed key gives zeros)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def attention_scaled_by_value_size(q, k, v, mask=None):
     scores = q @ k.transpose(-1, -2) / math.sqrt(v.shape[-1])
     if mask is not None:
@@ -117,7 +129,7 @@ def attention_off_by_a_little(q, k, v, mask=None):
     return out
 
 
-@pytest.mark.parametrize("fn", [attention_right, attention_einsum, attention_in_place])
+@pytest.mark.parametrize("fn", [attention_right, attention_einsum, attention_in_place, attention_sdpa])
 def test_right_attention_passes(fn):
     result = check.attention(fn)
     assert result.ok, result.message
@@ -133,6 +145,7 @@ def test_right_attention_passes(fn):
     (attention_finite_mask, "mask_finite", "large finite number rather than -inf"),
     (attention_inverted_mask, "mask_inverted", "the wrong way round"),
     (attention_scaled_by_value_size, "scaled_by_dv", "sqrt(d_v)"),
+    (attention_mask_zero, "mask_zero", "set to 0"),
 ])
 def test_attention_mistakes_are_named(fn, key, words):
     result = check.attention(fn)
@@ -260,6 +273,7 @@ def test_right_masked_softmax_passes(fn):
     (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), 1).nan_to_num(0.0), {"wrong_axis"}, "dim -2"),
     (lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1), {"mask_finite"}, "-inf"),
     (lambda s, m: torch.softmax(s, -1), {"mask_ignored"}, "mask is ignored"),
+    (lambda s, m: torch.softmax(s * m, -1), {"mask_zero"}, "set to 0"),
     (masked_softmax_naive_exp, {"overflow", "nan_rows"}, "overflows"),
 ])
 def test_masked_softmax_mistakes_are_named(fn, keys, words):

@@ -301,6 +301,8 @@ MASKING = {
                                      "and a zero output)"),
     "inverted": Mistake("mask_inverted", "the mask is read the wrong way round (attnkit's masks are True where "
                                          "attention is allowed)"),
+    "zero": Mistake("mask_zero", "the masked scores are set to 0, and e^0 still gets weight after the softmax "
+                                 "(fill them with -inf)"),
     "ignored": Mistake("mask_ignored", "the mask is ignored"),
 }
 NAN = {True: None, False: Mistake("nan_rows", "a fully masked row gives NaN (the softmax of a row of -inf) where "
@@ -314,6 +316,8 @@ def _softmax(scores: Tensor, mask: Tensor | None, axis: int, masking: str, zero_
         return torch.softmax(scores, dim=axis) * mask
     if masking == "finite":
         return torch.softmax(scores.masked_fill(~mask, -1e9), dim=axis)
+    if masking == "zero":
+        return torch.softmax(scores * mask, dim=axis)
     hidden = mask if masking == "inverted" else ~mask
     weights = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=axis)
     return weights.nan_to_num(0.0) if zero_nan else weights
