@@ -41,6 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from attnkit.data.corpus import read_lines, resolve_data_dir
 from attnkit.data.speech import Utterances
@@ -250,11 +251,11 @@ def spoken_captions(data, split: str, data_dir: str | None = None, limit: int = 
         program = espeak_ng()
         check_voices(program, sorted({r.voice for _, r, _ in todo}))
         (root / prefix).mkdir(parents=True, exist_ok=True)
-        if len(todo) > 50:
-            print(f"spoken Multi30k: synthesising {len(todo)} {split} utterances with {ESPEAK} into {root / prefix}",
-                  file=sys.stderr, flush=True)
-        with ThreadPoolExecutor(workers or _workers()) as pool:  # each thread waits on its espeak-ng process
-            list(pool.map(lambda job: synthesise(program, job[0], job[1], data.sample_rate, job[2]), todo))
+        with ThreadPoolExecutor(workers or _workers()) as pool, \
+                tqdm(total=len(todo), unit="utt", desc=f"{ESPEAK} {prefix}", file=sys.stderr, mininterval=10,
+                     disable=len(todo) <= 50) as bar:  # each thread waits on its espeak-ng process
+            for _ in pool.map(lambda job: synthesise(program, job[0], job[1], data.sample_rate, job[2]), todo):
+                bar.update()
     return out
 
 
