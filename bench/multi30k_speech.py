@@ -66,8 +66,9 @@ def main() -> int:
     d = cfg.data
     write_results(
         args.out or f"bench/results/{cfg.name}.json", cfg.name,
-        command=f"{args.train_command} && python bench/multi30k_speech.py --run-dir {args.run_dir}"
-                + (f" --sentences {args.sentences}" if args.sentences else ""),
+        command=f"{args.train_command} && python bench/multi30k_speech.py --run-dir {args.run_dir}" + "".join(
+            f" --{name.replace('_', '-')} {value}" for name, value in vars(args).items()
+            if name not in ("run_dir", "train_command", "out") and value != ap.get_default(name)),
         metrics=metrics, family=cfg.model.family, checkpoint=model.path.name, step=last["step"],
         epochs=last["epoch"], train_minutes=round(last["train_seconds"] / 60, 2), best_step=progress["step"],
         parameters=sum(p.numel() for p in model.module.parameters()), curve=curve(run),

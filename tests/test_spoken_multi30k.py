@@ -182,9 +182,8 @@ def test_a_missing_data_directory_is_one_line_naming_the_file(tmp_path):
     assert "\n" not in str(e.value)
 
 
+@needs_espeak
 def test_an_unknown_voice_is_one_line(tmp_path):
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (make espeak)")
     with pytest.raises(AttnkitError, match="espeak-ng has no voice 'en-us\\+nosuch'"):
         spoken_captions(data_config(tmp_path, voices=("en-us+nosuch",)), "valid", limit=1)
 

@@ -254,8 +254,12 @@ def spoken_captions(data, split: str, data_dir: str | None = None, limit: int = 
         with ThreadPoolExecutor(workers or _workers()) as pool, \
                 tqdm(total=len(todo), unit="utt", desc=f"{ESPEAK} {prefix}", file=sys.stderr, mininterval=10,
                      disable=len(todo) <= 50) as bar:  # each thread waits on its espeak-ng process
-            for _ in pool.map(lambda job: synthesise(program, job[0], job[1], data.sample_rate, job[2]), todo):
-                bar.update()
+            try:
+                for _ in pool.map(lambda job: synthesise(program, job[0], job[1], data.sample_rate, job[2]), todo):
+                    bar.update()
+            except BaseException:  # the first failure (or ^C) ends the synthesis: what is queued is not started
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     return out
 
 
