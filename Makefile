@@ -2,6 +2,7 @@
 # make serve  — attnkit serve on runs/multi30k_en_de, else on runs/demo (make demo first if missing); prints the URL
 # make test   — set up .venv, then run the test suite (make test-fast: the inner loop, under 2 minutes)
 # make browser — Debian's chromium and chromium-driver (apt-get, only when missing): the explorer's browser tests
+# make espeak — Debian's espeak-ng (apt-get, only when missing): the voices of spoken Multi30k (make multi30k-speech)
 # make java — Debian's default-jre-headless (apt-get, only when missing): the COCO caption evaluation (pycocoevalcap)
 # make multi30k — the English->German recipe (about 60 min on 2 cores), then its results JSON
 # make multi30k-lc — the same Transformer on lowercased text, as Wu et al. train it (about 60 min)
@@ -21,6 +22,8 @@
 # make flickr8k-transformer — the Transformer captioner on the same grids, then its JSON
 # make fsdd-digits — LAS and the Speech Transformer on spoken FSDD digit strings (20 min each) and five
 #              speaker-held-out folds, then their JSONs (docs/speech.md)
+# make multi30k-speech — LAS and the Speech Transformer on Multi30k's captions spoken by espeak-ng (60 training
+#              minutes each; MULTI30K_SPEECH_MINUTES), scored on test2016 and in a held-out voice, then their JSONs
 # make lab — .venv with the notebooks extra, each notebooks/NN_slug.py as a working copy NN_slug.ipynb where there is
 #              none, then JupyterLab on notebooks/ (open 01_attention_pooling.ipynb and run it: the lectures begin)
 # make notebooks — every notebooks/*.py run top to bottom at the full budget (a few minutes each), kept executed
@@ -51,7 +54,7 @@ JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /u
 RUN    := $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) \
 	MALLOC_CONF=dirty_decay_ms:-1$(,)muzzy_decay_ms:-1$(,)lg_extent_max_active_fit:10)
 
-.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer fsdd-digits bench lint clean wheel-check threads-demo browser java screenshots notebooks notebooks-exercises lab
+.PHONY: jemalloc serve demo test results multi30k multi30k-lc multi30k-rnnsearch multi30k-rnnencdec tatoeba-rnnencdec tatoeba-rnnsearch tatoeba-transformer by-length complexity flickr8k flickr8k-transformer tinyshakespeare wikitext2 sst2 mrpc stsb sst2-gpt easy-vqa transfer fsdd-digits multi30k-speech speech-multi30k bench lint clean wheel-check threads-demo browser java espeak screenshots notebooks notebooks-exercises lab
 
 $(STAMP): pyproject.toml | jemalloc
 	python3 -m venv $(VENV)
@@ -74,7 +77,7 @@ serve: $(STAMP)
 
 # two pytest workers (one torch thread each), the longest tests taken first as workers free up; the wheel check
 # (make wheel-check) is one of those tests, so that its install overlaps the others rather than coming first
-test: $(STAMP) browser java jemalloc
+test: $(STAMP) browser java espeak jemalloc
 	$(RUN) $(PY) -m pytest -q -n 2 --dist worksteal
 
 # the README's pictures of the explorer (docs/figures/explorer_*.png) from the recipes' trained models: those of
@@ -111,6 +114,17 @@ jemalloc:
 	$(APT) install -y -q libjemalloc2 > /dev/null 2>&1 \
 		|| { $(APT) update -q > /dev/null && $(APT) install -y -q libjemalloc2 > /dev/null; } \
 		|| echo "make jemalloc: apt-get could not install libjemalloc2 (attnkit then runs on the C library's malloc)"
+
+# spoken Multi30k's voices (tests/test_spoken_multi30k.py, make multi30k-speech); without `espeak-ng` after this
+# target its synthesising tests are skipped, not failed
+espeak:
+	@if command -v espeak-ng > /dev/null; then exit 0; fi; \
+	if ! command -v apt-get > /dev/null; then echo "make espeak: no apt-get: install espeak-ng yourself \
+	(the spoken Multi30k tests are skipped without it)"; exit 0; fi; \
+	echo "make espeak: installing espeak-ng with apt-get"; \
+	$(APT) install -y -q espeak-ng > /dev/null 2>&1 \
+		|| { $(APT) update -q > /dev/null && $(APT) install -y -q espeak-ng > /dev/null; } \
+		|| echo "make espeak: apt-get could not install espeak-ng (the spoken Multi30k tests are skipped without it)"
 
 java:
 	@if command -v java > /dev/null; then exit 0; fi; \
@@ -198,6 +212,21 @@ fsdd-digits: $(STAMP)
 				--train-command "$(call FSDD_TRAIN,$$c,$${c}_heldout_$$s,--set data.held_out_speaker=$$s)"; \
 		done; \
 	done
+
+# speech: LAS and the Speech Transformer on Multi30k's English captions spoken by espeak-ng (installed first where
+# missing), MULTI30K_SPEECH_MINUTES training minutes each (one process on two threads); the first run synthesises
+# the corpus into runs/speech (once: later runs read it there); each best checkpoint is scored on test2016 in the
+# training voices and in the held-out voice. MULTI30K_SPEECH_SET adds --set overrides to both runs
+MULTI30K_SPEECH_MINUTES ?= 60
+MULTI30K_SPEECH_CONFIGS := multi30k_speech_las multi30k_speech_speech_transformer
+MULTI30K_SPEECH_TRAIN = $(VENV)/bin/attnkit train configs/$(1).toml --run-dir runs/$(1) --threads 2 --overwrite \
+	--set train.max_minutes=$(MULTI30K_SPEECH_MINUTES) $(MULTI30K_SPEECH_SET)
+multi30k-speech: $(STAMP) espeak
+	set -e; for c in $(MULTI30K_SPEECH_CONFIGS); do \
+		$(RUN) $(call MULTI30K_SPEECH_TRAIN,$$c); \
+		$(RUN) $(PY) bench/multi30k_speech.py --run-dir runs/$$c --train-command "$(call MULTI30K_SPEECH_TRAIN,$$c)"; \
+	done
+speech-multi30k: multi30k-speech
 
 # fine-tuning: one process, the CLI's threads
 GLUE_TRAIN = $(VENV)/bin/attnkit train configs/glue_$(1).toml --run-dir runs/glue_$(1)

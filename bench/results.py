@@ -755,6 +755,25 @@ def block_speech(results: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+SPEECH_MULTI30K = [("multi30k_speech_las", "LAS"), ("multi30k_speech_speech_transformer", "Speech Transformer")]
+
+
+def block_speech_multi30k(results: dict) -> str:
+    """`make multi30k-speech`: each family on test2016 spoken in the training voices and in the held-out voice."""
+    rows = ["| model | training minutes | test2016 CER | WER | string accuracy | held-out voice CER | WER | JSON |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, label in SPEECH_MULTI30K:
+        r = results.get(name)
+        if r is None:
+            rows.append(f"| {label} |" + f" {NOT_RECORDED} |" * 6 + f" no {name}.json |")
+            continue
+        m = r.get("metrics", {})
+        rows.append(f"| {label} | {minutes(r)} | {number(m.get('test_cer'))} | {number(m.get('test_wer'))} | "
+                    f"{number(m.get('test_string_accuracy'))} | {number(m.get('held_out_voice_cer'))} | "
+                    f"{number(m.get('held_out_voice_wer'))} | {link(name, '../bench/results/')} |")
+    return "\n".join(rows) + "\n"
+
+
 def block_sst2_pretraining(results: dict) -> str:
     r = results.get("sst2_pretraining")
     if r is None:
@@ -1355,6 +1374,7 @@ BLOCKS = {
     "sst2-pretraining": ("docs/results.md", block_sst2_pretraining),
     "vqa": ("docs/results.md", block_vqa),
     "speech": ("docs/results.md", block_speech),
+    "speech-multi30k": ("docs/results.md", block_speech_multi30k),
     "complexity": ("docs/results.md", block_complexity),
     "sources": ("docs/results.md", block_sources),
     "readme": ("README.md", block_readme),

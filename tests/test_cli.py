@@ -155,19 +155,12 @@ def test_translate_in_chunks_while_compiling_writes_what_one_call_does(trained_c
     assert capsys.readouterr().out.splitlines() == [t.text[0] for t in whole]
 
 
-@pytest.mark.slow
-def test_compile_fills_the_cache_before_a_job_starts(trained_checkpoint, tmp_path, monkeypatch, capsys):
-    """`attnkit compile RUN` compiles in the foreground and keeps the ahead-of-time packages in the user's cache
-    (whatever ATTNKIT_COMPILE says: it was asked for)."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("ATTNKIT_CACHE", str(cache))
-    assert main(["compile", str(trained_checkpoint), "--beam", "1"]) == 0
-    err = capsys.readouterr().err
-    assert f"compiled for beam sizes 1 in fp32 (the cache: {cache})" in err.splitlines()[-1], err
-    packages = list((cache / "compiled").rglob("*.pt2"))
-    assert packages and all(p.with_suffix(".json").is_file() for p in packages), packages
+def test_compile_refuses_a_run_that_is_not_there_in_one_line(tmp_path, capsys):
+    """`attnkit compile RUN` of a missing run: exit status 2 and one line naming it (what it compiles and where it keeps
+    it: tests/test_end_to_end.py, on the run it trains)."""
     assert main(["compile", str(tmp_path / "nowhere")]) == 2
-    assert "nowhere" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nowhere" in err and err.strip().count("\n") == 0, err
 
 
 def _pipe_with(data: bytes) -> tuple[int, int]:

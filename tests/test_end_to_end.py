@@ -96,21 +96,26 @@ def test_train_translate_evaluate(tmp_path, data_dir):
     # attnkit compile fills the user's cache with the search steps compiled ahead of time, saying so in one line; a
     # compiled decoder loaded from it translates as eager decoding does; translate --compile loads the cached steps
     # (silently) while it decodes, and writes what eager decoding writes
-    said = _attnkit("compile", run, "--beam", "1", cwd=tmp_path).stderr
+    cache = tmp_path / "cache"  # the user's cache, as ATTNKIT_CACHE names it
+    said = _attnkit("compile", run, "--beam", "1", cwd=tmp_path, ATTNKIT_CACHE=str(cache)).stderr
     assert "attnkit: compiling the greedy_step ahead of time" in said
+    assert f"compiled for beam sizes 1 in fp32 (the cache: {cache})" in said.splitlines()[-1], said
+    packages = list((cache / "compiled").rglob("*.pt2"))
+    assert packages and all(p.with_suffix(".json").is_file() for p in packages), packages
     eager, compiled = tmp_path / "eager.de", tmp_path / "compiled.de"
     runs = {}
     for out_file in (eager, compiled):
         extra = [] if out_file == eager else ["--compile"]
         runs[out_file] = _attnkit("translate", "--checkpoint", run, "--input", few, "--output", out_file, "--beam",
-                                  "1", *extra, cwd=tmp_path, ATTNKIT_COMPILE="1").stderr
+                                  "1", *extra, cwd=tmp_path, ATTNKIT_COMPILE="1", ATTNKIT_CACHE=str(cache)).stderr
     assert read_lines(compiled) == read_lines(eager)
     assert "attnkit: compiling" not in runs[compiled] + runs[eager]
     script = ("import sys, attnkit\nm = attnkit.load(sys.argv[1]).compile(beams=(1,))\n"
               "print(type(m.decoder).__name__)\n"
               "print('\\n'.join(m.translate(open(sys.argv[2], encoding='utf-8').read().splitlines(), beam=1)))\n")
     out = subprocess.run([sys.executable, "-c", script, str(run), str(few)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                         cwd=tmp_path, timeout=240,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "ATTNKIT_CACHE": str(cache)})
     assert out.returncode == 0, out.stderr[-3000:]
     kind, *lines = out.stdout.splitlines()
     assert kind == "CompiledDecoder" and lines == read_lines(eager)

@@ -852,6 +852,8 @@ SHIPPED = {  # each shipped config and the dataclass its [model] table must beco
     "easy_vqa": ShowAskAttendAnswerConfig,
     "fsdd_digits_las": LASConfig,
     "fsdd_digits_speech_transformer": SpeechTransformerConfig,
+    "multi30k_speech_las": LASConfig,
+    "multi30k_speech_speech_transformer": SpeechTransformerConfig,
 }
 
 

@@ -78,7 +78,8 @@ class DataConfig:
     regression: bool = False  # labels are real-valued scores (one output), not class names
     truncate: int = 128  # classification: a longer input is cut to this many word pieces ([CLS], [SEP] counted)
     image_dir: str = ""  # format = "vqa": where the files' images are (empty: beside each file)
-    # speech (fsdd_digits: spoken digit strings; speech_list: your path<TAB>transcript files): log-mel features
+    # speech (fsdd_digits: spoken digit strings; spoken_multi30k: synthesised captions; speech_list: your
+    # path<TAB>transcript files): log-mel features
     sample_rate: int = 8000  # what the model hears: other rates are resampled to it, lower ones refused
     n_mels: int = 40
     max_audio_seconds: float = 30.0  # a longer utterance is refused
@@ -88,6 +89,15 @@ class DataConfig:
     freq_mask: int = 6
     time_masks: int = 2  # and this many stretches of up to time_mask frames, set to zero
     time_mask: int = 15
+    # spoken_multi30k: Multi30k's English captions spoken by espeak-ng (attnkit.data.spoken_multi30k), each in a
+    # voice ("language+variant", `espeak-ng --voices`), rate (words a minute) and pitch (0-99) drawn from these
+    voices: tuple[str, ...] = ("en-us+m1", "en-us+f2", "en-gb+m3", "en-gb+f4", "en-gb-scotland+m2", "en-029+f1")
+    held_out_voice: str = "en-gb-x-rp+f3"  # never in training: test2016 spoken by it is a split of its own
+    speaking_rates: tuple[int, int] = (140, 200)
+    pitches: tuple[int, int] = (30, 70)
+    renditions: int = 1  # ways each training caption is spoken (validation and test: one)
+    synthesis_seed: int = 0  # draws each caption's voice, rate and pitch
+    speech_cache: str = "runs/speech"  # synthesised audio is kept here, made once
 
 
 @dataclass

@@ -160,6 +160,8 @@ _FORMATS: dict[str, DataFormat] = {f.name: f for f in (
     DataFormat("easy_vqa", "answering", reader="attnkit.data.vqa:easy_vqa_split"),
     DataFormat("vqa", "answering", needs=("train_file", "valid_file"), reader="attnkit.data.vqa:read_vqa_split"),
     DataFormat("fsdd_digits", "speech", unit="characters", reader="attnkit.data.speech:read_fsdd_digits"),
+    DataFormat("spoken_multi30k", "speech", unit="characters",
+               reader="attnkit.data.spoken_multi30k:read_spoken_multi30k"),
     DataFormat("speech_list", "speech", unit="characters", needs=("train_file", "valid_file"),
                reader="attnkit.data.speech:read_list_split"),
 )}

@@ -8,13 +8,14 @@ Both read ``features`` [B, L, D]: the L = h*w annotation vectors a_1..a_L of a C
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
-from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
+from attnkit.models.contract import AttentionMaps, GenerativeModel, ModelOutput, RecurrentState
 from attnkit.models.transformer import EncoderDecoder, EncoderDecoderSizes, Memory, encoder_layers
 from attnkit.nn import LearnedPositionalEmbedding, make_score
 from attnkit.nn.loss import label_smoothed_nll
@@ -55,26 +56,16 @@ def grid_memory(features: Tensor) -> Memory:
 
 
 @dataclass
-class LSTMState(DecodingState):
+class LSTMState(RecurrentState):
+    """The captioner's state: the image grid, its projection U a_i for the additive score (computed once per image,
+    [B, L, d_attention]) and the LSTM's h and c [B, H]."""
+
+    ROW_DIMS: ClassVar[dict[str, int]] = {"h": 0, "c": 0}
+
     memory: Memory
-    projected: Tensor  # U a_i of the additive score, computed once per image [B, L, d_attention]
-    h: Tensor  # [B, H]
-    c: Tensor  # [B, H]
-
-    @property
-    def rows(self) -> int:
-        return self.h.size(0)
-
-    @property
-    def device(self) -> torch.device:
-        return self.h.device
-
-    def select(self, indices: Tensor, same_source: bool = False) -> LSTMState:
-        """Reorder the batch; ``same_source``: rows keep their image, so the grid and its projection stay."""
-        h, c = self.h.index_select(0, indices), self.c.index_select(0, indices)
-        if same_source:
-            return LSTMState(self.memory, self.projected, h, c)
-        return LSTMState(self.memory.select(indices), self.projected.index_select(0, indices), h, c)
+    projected: Tensor
+    h: Tensor
+    c: Tensor
 
 
 class ShowAttendTell(GenerativeModel):

@@ -17,6 +17,7 @@ align), so callers ask, never probe.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -93,6 +94,34 @@ class DecodingState:
     def repeat_beams(self, k: int) -> DecodingState:
         """Every row becomes ``k`` consecutive rows (its beams)."""
         return self.select(beam_rows(self.rows, k, self.device))
+
+
+class RecurrentState(DecodingState):
+    """A recurrent decoder's state (a dataclass): its source side, ``memory`` and what is computed from it once
+    (:attr:`SOURCE`, kept as it is when a search reorders a sentence's own beams), and its recurrent tensors, each
+    with its batch dimension (:attr:`ROW_DIMS`, the first of which gives :attr:`rows` and :attr:`device`)."""
+
+    SOURCE: ClassVar[tuple[str, ...]] = ("memory", "projected")
+    ROW_DIMS: ClassVar[dict[str, int]] = {}
+
+    @property
+    def rows(self) -> int:
+        name, dim = next(iter(self.ROW_DIMS.items()))
+        return getattr(self, name).size(dim)
+
+    @property
+    def device(self) -> torch.device:
+        return getattr(self, next(iter(self.ROW_DIMS))).device
+
+    def select(self, indices: Tensor, same_source: bool = False) -> RecurrentState:
+        changes = {name: getattr(self, name).index_select(dim, indices) for name, dim in self.ROW_DIMS.items()}
+        if not same_source:
+            for name in self.SOURCE:
+                x = getattr(self, name)
+                # a tensor [B, ...], or the memory (which selects its own rows), or None
+                changes[name] = x if x is None else x.index_select(0, indices) if isinstance(x, Tensor) \
+                    else x.select(indices)
+        return dataclasses.replace(self, **changes)
 
 
 class GenerativeModel(nn.Module):

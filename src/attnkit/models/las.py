@@ -14,6 +14,7 @@ is spelled the same alone as in a padded batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnkit.config import ModelConfig
-from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
+from attnkit.models.contract import AttentionMaps, GenerativeModel, ModelOutput, RecurrentState
 from attnkit.models.transformer import Memory
 from attnkit.nn import Score, make_score, masked_softmax
 from attnkit.nn.audio import Frames, frame_padding_mask, join_neighbours
@@ -97,30 +98,17 @@ class Listener(nn.Module):
 
 
 @dataclass
-class SpellerState(DecodingState):
+class SpellerState(RecurrentState):
     """The speller between characters: the listener's memory, psi(h) computed once, the LSTM's h and c per layer
     [L, B, H] and the previous context c_{i-1} [B, D]."""
+
+    ROW_DIMS: ClassVar[dict[str, int]] = {"h": 1, "c": 1, "context": 0}
 
     memory: Memory
     projected: Tensor
     h: Tensor
     c: Tensor
     context: Tensor
-
-    @property
-    def rows(self) -> int:
-        return self.h.size(1)
-
-    @property
-    def device(self) -> torch.device:
-        return self.h.device
-
-    def select(self, indices: Tensor, same_source: bool = False) -> SpellerState:
-        h, c, context = self.h.index_select(1, indices), self.c.index_select(1, indices), \
-            self.context.index_select(0, indices)
-        if same_source:
-            return SpellerState(self.memory, self.projected, h, c, context)
-        return SpellerState(self.memory.select(indices), self.projected.index_select(0, indices), h, c, context)
 
 
 class LAS(GenerativeModel):

@@ -17,6 +17,7 @@ same alone as in a padded batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnkit.config import ModelConfig
-from attnkit.models.contract import AttentionMaps, DecodingState, GenerativeModel, ModelOutput
+from attnkit.models.contract import AttentionMaps, GenerativeModel, ModelOutput, RecurrentState
 from attnkit.models.transformer import Memory
 from attnkit.nn import make_score, masked_softmax
 from attnkit.nn.loss import label_smoothed_nll
@@ -61,29 +62,15 @@ class RNNSearchConfig(RNNEncDecConfig):
 
 
 @dataclass
-class RNNState(DecodingState):
+class RNNState(RecurrentState):
     """A recurrent decoder's state: every layer's hidden state h [L, B, hidden_size], the encoder's memory,
     and (RNNsearch) the part of the attention score that depends on the source only, computed once."""
+
+    ROW_DIMS: ClassVar[dict[str, int]] = {"h": 1}
 
     memory: Memory
     h: Tensor
     projected: Tensor | None = None  # [B, S, d_attention]
-
-    @property
-    def rows(self) -> int:
-        return self.h.size(1)
-
-    @property
-    def device(self) -> torch.device:
-        return self.h.device
-
-    def select(self, indices: Tensor, same_source: bool = False) -> RNNState:
-        """Reorder the batch; ``same_source``: rows keep their source sentence, so memory and projection stay."""
-        h = self.h.index_select(1, indices)
-        if same_source:
-            return RNNState(self.memory, h, self.projected)
-        return RNNState(self.memory.select(indices), h,
-                        None if self.projected is None else self.projected.index_select(0, indices))
 
 
 def run_gru(gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
