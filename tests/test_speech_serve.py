@@ -7,6 +7,7 @@ and a client that leaves mid-stream stops the search."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ pytest.importorskip("uvicorn")
 
 from attnkit.data.speech import digit_strings, fsdd_recordings, split_recordings  # noqa: E402
 from attnkit.tokens import EOS  # noqa: E402
-from serving import LiveServer, one_line_error, sse  # noqa: E402
+from serving import LiveServer, one_line_error  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +166,7 @@ def test_the_python_api_streams_each_step_of_a_transcription(speech_model, endle
     for m, beam in ((endless, 1), (model, 1), (model, 3)):
         seen = {}
 
-        def on_step(step, batch):
+        def on_step(step, batch, seen=seen):
             k = step.scores.size(1)
             for p, row in enumerate(step.sentences.tolist()):
                 seen.setdefault(batch[row], []).append((step.history[p * k].tolist(),
@@ -204,7 +205,7 @@ def test_a_streamed_transcription_sends_steps_while_it_runs_then_the_plain_answe
                     if line.startswith("event: "):
                         name = line[7:]
                     elif line.startswith("data: "):
-                        events.append((name, __import__("json").loads(line[6:])))
+                        events.append((name, json.loads(line[6:])))
                         if first is None:  # the search waits at its third step: this came while it ran
                             first = (gate.steps, gate.open_.is_set())
                             gate.open()
