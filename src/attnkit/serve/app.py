@@ -36,11 +36,17 @@ Common rules
 * Requests name models, never files: no request reads or writes a path; the only files served are the
   explorer's own (``/``), and images are decoded from the request's bytes.
 
-Streaming (``"stream": true`` on translate and generate): the answer is ``text/event-stream``; each event is
-``event: <name>\\ndata: <one line of JSON>\\n\\n``. Names: ``step`` (one per decided token), ``done`` (last; its
-data is exactly the non-streaming answer), ``error`` (last; ``{"error": ..., "status": <http status>}``, e.g.
-a timeout mid-stream). A client that disconnects frees its place in the queue, and its decoding stops when no
-other request shares the batch.
+Uploads (``multipart/form-data``): an input kind whose inputs are files declares its endpoint, its form's fields and
+their limits (:class:`attnkit.kinds.upload.Upload`); one handler serves every such endpoint: a file field is
+required and not empty (else 422) and at most its size limit (else 413), an integer in its range, a boolean
+``true``/``false``/``1``/``0``/``yes``/``no``/``on``/``off``, a field the endpoint does not declare 422; a body that
+is not a multipart form 400. ``model`` (empty: as absent) names the model, as in JSON bodies.
+
+Streaming (``"stream": true`` on translate and generate, the form field ``stream=true`` on transcribe): the answer is
+``text/event-stream``; each event is ``event: <name>\\ndata: <one line of JSON>\\n\\n``. Names: ``step`` (one
+per decided token), ``done`` (last; its data is exactly the non-streaming answer), ``error`` (last; ``{"error": ...,
+"status": <http status>}``, e.g. a timeout mid-stream). A client that disconnects frees its place in the queue,
+and its decoding stops when no other request shares the batch.
 
 GET /health
     -> ``{"status": "ok", "models": ["name", ...], "queue": <requests waiting>, "in_flight": <admitted requests>,
@@ -98,6 +104,7 @@ POST /v1/caption  (captioners; multipart/form-data)
     ``attention`` (true)
     -> ``{"model": "...", "caption": "a dog runs", "words": ["a", "dog", "runs", "<end>"], "score": -3.2,
     "grid": [7, 7], "attention": [[...grid floats, row-major...] per word]}``  # attention: where each word looked
+    Requests with the same model, beam and attention share batches.
 
 POST /v1/attention  (families with attention; one example)
     ``{"source": "A dog runs." (a sentence; a language model's text), "image": null (captioners: the image file's
@@ -139,6 +146,17 @@ POST /v1/positional  (Transformer families)
     ``{"positions": 50 (1..2048, at most the model's max_positions), "side": "source" | "target"}``
     -> ``{"model": "...", "kind": "sinusoidal", "d_model": 512, "matrix": [[...d_model floats...] per position],
     "dot": [[...positions floats...] per position]}``   # dot: the dot products between positions
+
+POST /v1/transcribe  (speech models; multipart/form-data)
+    fields ``audio`` (file, required; WAV, FLAC or OGG, at most 5 MiB and 30 s), ``model``, ``beam`` (config's),
+    ``attention`` (true), ``stream`` (false)
+    -> ``{"model": "...", "transcript": "4 0 7", "characters": ["4", " ", "0", ..., "<end>"], "score": -1.2,
+    "frames": [[0.0, 0.08], ...],   # each encoder frame's start and end in seconds
+    "seconds": 2.1, "spectrogram": [[...n_mels floats...] per 10 ms frame],
+    "attention": [[...frame floats...] per character]}``   # where each character listened
+    Requests with the same model, beam and attention share batches. Stream ``step`` events as translate's (one
+    utterance: ``"sentence": 0``): the partial transcript (``tokens``, ``text``), its score, and the step's attention
+    over the encoder frames; ``done`` carries the answer.
 
 POST /v1/answer  (visual question answering; multipart/form-data)
     fields ``image`` (file, required; at most 10 MiB), ``question`` (required, not empty), ``model``
