@@ -40,7 +40,9 @@ class InputKind:
     has_source: bool = True  # False: the model reads its target alone (no encoder, no source positions)
     source_vocabulary: bool = False  # its source is tokens of a source vocabulary (shared embeddings need joint)
     title: str = "source"  # how one input is called in messages
-    evaluates_transcripts: bool = False  # `evaluate --data` reads a list of inputs with transcripts (speech)
+    # `attnkit evaluate --data` for a model of this kind, "module:function" (f(args) -> exit status; the command's
+    # own module, named here and imported on use, as the registry names code); "": a labelled file of sentences
+    evaluates: str = ""
     json_inputs: bool = True  # its inputs travel in JSON bodies (/v1/attention, /v1/score); False: uploads only
     json_scores: bool = True  # /v1/score takes its inputs (an image's are not sent there)
     upload: Upload | None = None  # its upload endpoint, where its inputs are files (None: JSON bodies only)

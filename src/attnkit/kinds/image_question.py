@@ -40,6 +40,7 @@ class ImageQuestionKind(InputKind):
     field = "question"
     title = "image and question"
     upload = ANSWER
+    evaluates = "attnkit.cli.answer:evaluate_answers"  # questions about images with their answers: accuracy
 
     def grid(self, model) -> list[int]:
         """[rows, columns] of the model's image grid: the image side halved once per CNN block."""

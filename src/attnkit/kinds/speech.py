@@ -32,7 +32,7 @@ class SpeechKind(InputKind):
     name = "speech"
     field = "audio"
     title = "audio file"
-    evaluates_transcripts = True
+    evaluates = "attnkit.cli.decode:evaluate_speech"  # a list of clips with their transcripts: CER, WER
     json_inputs = False  # audio is uploaded (/v1/transcribe), not sent in JSON
     upload = TRANSCRIBE
 

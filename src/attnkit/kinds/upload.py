@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from attnkit.errors import RequestError
+
 TYPES = ("file", "text", "int", "bool")
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,42 @@ class Field:
     def limit(self, settings) -> int:
         """A file's size limit in bytes on a server with ``settings``."""
         return getattr(settings, self.max_bytes)
+
+    def read(self, value, settings):
+        """The value of a text, integer or boolean field as the form gave it (a string, a file, or None when absent)
+        -> of the field's type, its default when absent or empty; :class:`RequestError` 422 naming the field."""
+        if self.type == "text":
+            if isinstance(value, str):
+                return value
+            if self.required:
+                raise RequestError(422, f"{self.name}: required (a text field of the form)")
+            return self.default
+        if value is None or value == "":
+            return self.default
+        if self.type == "bool":
+            if str(value).lower() in TRUE:
+                return True
+            if str(value).lower() in FALSE:
+                return False
+            raise RequestError(422, f"{self.name}: expected true or false, got {str(value)[:40]!r}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise RequestError(422, f"{self.name}: expected an integer, got {str(value)[:40]!r}") from None
+        low, high = self.low, self.bound(settings)
+        if not low <= number <= high:
+            raise RequestError(422, f"{self.name}: must be in {low}..{high}, got {number}")
+        return number
+
+    def json_schema(self, settings) -> dict:
+        """The field's schema in the OpenAPI document of a server with ``settings``."""
+        out = {"file": {"type": "string", "format": "binary"}, "text": {"type": "string"}, "bool": {"type": "boolean"},
+               "int": {"type": "integer", "minimum": self.low, "maximum": self.bound(settings)}}[self.type]
+        if self.default is not None:
+            out["default"] = self.default
+        if self.description:
+            out["description"] = self.description.format(s=settings)
+        return {**out, **self.schema}
 
 
 STREAM = Field("stream", "bool", default=False,

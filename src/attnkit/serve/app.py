@@ -549,43 +549,13 @@ async def _read_fields(form, upload, settings: Settings) -> dict:
                 raise ApiError(413, f"{f.name}: {len(data)} bytes, more than this server's limit of "
                                     f"{f.limit(settings)}")
             values[f.name] = data
-        elif f.type == "text":
-            if value is None or not isinstance(value, str):
-                if f.required:
-                    raise ApiError(422, f"{f.name}: required (a text field of the form)")
-                value = f.default
-            values[f.name] = value
-        elif f.type == "int":
-            values[f.name] = _form_int(f.name, value, f.default, f.low, f.bound(settings))
         else:
-            values[f.name] = _form_bool(f.name, value, f.default)
+            values[f.name] = f.read(value, settings)
     extra = sorted(set(form.keys()) - {f.name for f in fields} - {"model"})
     if extra:
         names = ", ".join([*(f.name for f in fields), "model"])
         raise ApiError(422, f"{extra[0]}: unknown field (fields: {names})")
     return values
-
-
-def _form_int(name: str, value, default, low: int, high: int):
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ApiError(422, f"{name}: expected an integer, got {str(value)[:40]!r}") from None
-    if not low <= number <= high:
-        raise ApiError(422, f"{name}: must be in {low}..{high}, got {number}")
-    return number
-
-
-def _form_bool(name: str, value, default: bool) -> bool:
-    if value is None or value == "":
-        return default
-    if str(value).lower() in ("true", "1", "yes", "on"):
-        return True
-    if str(value).lower() in ("false", "0", "no", "off"):
-        return False
-    raise ApiError(422, f"{name}: expected true or false, got {str(value)[:40]!r}")
 
 
 def _docs(app: FastAPI) -> None:

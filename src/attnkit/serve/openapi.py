@@ -177,27 +177,10 @@ def _classify(m, default: str, s: Settings) -> dict:
         **{"x-rules": rules})
 
 
-def _form_field(f, settings: Settings) -> dict:
-    """The schema of one field of an upload's form (:class:`attnkit.kinds.upload.Field`)."""
-    if f.type == "file":
-        out = {"type": "string", "format": "binary"}
-    elif f.type == "int":
-        out = {"type": "integer", "minimum": f.low, "maximum": f.bound(settings)}
-    elif f.type == "bool":
-        out = {"type": "boolean"}
-    else:
-        out = dict(STRING)
-    if f.default is not None:
-        out["default"] = f.default
-    if f.description:
-        out["description"] = f.description.format(s=settings)
-    return {**out, **f.schema}
-
-
 def _form(upload, names: list[str], first: str, settings: Settings) -> dict:
     """The multipart body of an upload endpoint (:class:`attnkit.kinds.upload.Upload`) whose models are ``names``,
     ``first`` the one a form naming none gets."""
-    properties = {f.name: _form_field(f, settings) for f in upload.form_fields}
+    properties = {f.name: f.json_schema(settings) for f in upload.form_fields}
     properties["model"] = {"type": "string", "enum": [*names, ""],
                            "description": f"{upload.model} (empty or absent: {first})"}
     form = _obj(properties, [f.name for f in upload.fields if f.required])
