@@ -522,7 +522,7 @@ async def _form(request: Request, upload, settings: Settings):
     if not content_type.startswith("multipart/form-data"):
         raise ApiError(400, f"body: expected multipart/form-data with a file field named {upload.files[0].name}")
     try:
-        return await request.form(max_files=len(upload.files), max_fields=len(upload.fields) + 4,
+        return await request.form(max_files=len(upload.files), max_fields=max(8, len(upload.form_fields) + 2),
                                   max_part_size=upload.max_bytes(settings))
     except (ApiError, StarletteHTTPException):
         raise
