@@ -203,8 +203,9 @@ def _describe_classifier(m) -> dict:
 def run_batch(batch: list[Job], settings) -> list:
     """-> one answer (a JSON-able dict, or an exception) per job."""
     kind = batch[0].kind
-    if kind in BATCHES:
-        return BATCHES[kind](batch, settings)
+    batched = {"translate": run_translate, "classify": run_classify, "upload": run_upload}.get(kind)
+    if batched is not None:  # the jobs that share batches
+        return batched(batch, settings)
     job = batch[0]
     try:
         return [RUNNERS[kind](job, settings)]
@@ -498,6 +499,5 @@ def run_positional(job: Job, settings) -> dict:
             "matrix": _rounded(matrix), "dot": _rounded(matrix @ matrix.T)}
 
 
-# jobs that run one at a time, and jobs that share batches, by the job's kind
+# the jobs that run one at a time, by the job's kind
 RUNNERS = {"generate": run_generate, "attention": run_attention, "score": run_score, "positional": run_positional}
-BATCHES = {"translate": run_translate, "classify": run_classify, "upload": run_upload}
