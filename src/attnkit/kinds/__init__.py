@@ -86,6 +86,11 @@ class InputKind:
         """What ``/v1/models`` adds to a model's decoding settings for this kind (e.g. a caption's longest length)."""
         return {}
 
+    def describe_schema(self) -> tuple[dict, dict]:
+        """The JSON Schema properties of what :meth:`describe` and :meth:`decode_settings` add to a model's entry of
+        ``/v1/models`` (``grid`` is every model's): (entry properties, decode properties)."""
+        return {}, {}
+
     # --- requests
 
     def token_limit(self, model, settings) -> int | None:

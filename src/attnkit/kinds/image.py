@@ -101,6 +101,9 @@ class ImageKind(InputKind):
     def decode_settings(self, model) -> dict:
         return {"max_caption_len": model.config.decode.max_caption_len}
 
+    def describe_schema(self) -> tuple[dict, dict]:
+        return {}, {"max_caption_len": schema.INTEGER}
+
     # --- requests
 
     def read_request(self, model, body, settings, name: str):

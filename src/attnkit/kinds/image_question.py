@@ -77,6 +77,10 @@ class ImageQuestionKind(InputKind):
         return {"grid": self.grid(model), "answers": list(model.tokenizers.answers), "glimpses": glimpses,
                 "attention": {"cross": {"layers": 1, "heads": glimpses}} if glimpses else {}}
 
+    def describe_schema(self) -> tuple[dict, dict]:
+        glimpses = {**schema.INTEGER, "description": "a VQA model's attention maps over the grid (0: none)"}
+        return {"answers": schema.array(schema.STRING), "glimpses": glimpses}, {}
+
     # --- requests
 
     def read_form(self, model, form: dict, settings) -> dict:

@@ -16,6 +16,7 @@ limits are. This document is written from the served models and :class:`~attnkit
 
 from __future__ import annotations
 
+from attnkit import registry
 from attnkit.kinds.schema import BOOLEAN, INTEGER, NUMBER, STRING
 from attnkit.kinds.schema import array as _array
 from attnkit.kinds.schema import nullable as _nullable
@@ -196,7 +197,13 @@ BODIES = {"/v1/translate": _translate, "/v1/generate": _generate, "/v1/attention
 
 
 def _answers() -> dict:
-    """The 200 answers' schemas (the contract in :mod:`attnkit.serve.app`'s docstring)."""
+    """The 200 answers' schemas (the contract in :mod:`attnkit.serve.app`'s docstring); what a model's entry of
+    /v1/models says of its input kind, and an upload's answer, each kind's own."""
+    described, decoding = {}, {}
+    for kind in registry.kinds():
+        entry, decode = kind.describe_schema()
+        described.update(entry)
+        decoding.update(decode)
     words = _array(STRING)
     matrix = _array(_array(NUMBER))
     maps = _array(_array(matrix))  # [layer][head][query][key]
@@ -210,14 +217,13 @@ def _answers() -> dict:
         "Models": _obj({"models": _array(_obj({
             "name": STRING, "family": STRING, "default": BOOLEAN, "capabilities": words, "path": STRING,
             "decode": _nullable(_obj({"beam": INTEGER, "len_penalty": NUMBER, "max_len_a": NUMBER,
-                                      "max_len_b": NUMBER, "max_caption_len": INTEGER},
+                                      "max_len_b": NUMBER, **decoding},
                                      ["beam", "len_penalty", "max_len_a", "max_len_b"])),
             "attention": {"type": "object", "additionalProperties": _obj({"layers": INTEGER, "heads": INTEGER},
                                                                          ["layers", "heads"])},
             "grid": _nullable(grid), "positional": _nullable(STRING), "max_positions": _nullable(INTEGER),
             "example": _nullable(STRING), "example_pair": _nullable(STRING), "labels": words,
-            "problem": {"enum": ["classification", "regression"]}, "pairs": BOOLEAN, "answers": words,
-            "glimpses": {**INTEGER, "description": "a VQA model's attention maps over the grid (0: none)"}},
+            "problem": {"enum": ["classification", "regression"]}, "pairs": BOOLEAN, **described},
             ["name", "family", "default", "capabilities", "path", "decode", "attention", "grid", "positional",
              "max_positions", "example"]))}, ["models"]),
         "Translation": _obj({
