@@ -39,10 +39,10 @@ def live(served_models, request, tmp_path_factory):
 def posts(live) -> tuple[str, ...]:
     """The POST endpoints of the server: those some served model answers (attnkit.serve.compute.serves), each
     endpoint of POSTS among them (/v1/classify where it serves a classifier, /v1/answer a VQA model)."""
-    from attnkit.serve.compute import CAPABILITY, serves
+    from attnkit.serve.compute import endpoints, serves
 
     served = live.app.state.models.values()
-    found = tuple(path for path in CAPABILITY if any(serves(m, path) for m in served))
+    found = tuple(path for path in endpoints() if any(serves(m, path) for m in served))
     assert set(POSTS) <= set(found)
     return found
 

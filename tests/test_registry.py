@@ -71,6 +71,15 @@ def _registered_names() -> set[str]:
     return set(registry.FAMILIES) | set(registry.FORMATS) | set(registry.TASKS) | set(registry.KINDS)
 
 
+def _upload_names() -> set[str]:
+    """What an input kind's upload endpoint names (:class:`attnkit.kinds.upload.Upload`): its path and the capability
+    a model needs to answer it (a captioner's "caption"). The faces ask a model's kind for its upload; a comparison
+    with one of these would be a branch for that kind."""
+    uploads = [k.upload for k in registry.kinds() if k.upload is not None]
+    assert len(uploads) >= 3  # an image to caption, an image to ask about, speech
+    return {u.path for u in uploads} | {u.capability for u in uploads}
+
+
 def _model_classes() -> set[str]:
     """The names of the classes a family's builder makes: what ``isinstance`` must not single out."""
     import torch
@@ -144,13 +153,19 @@ def test_the_guard_catches_each_way_of_deciding_by_name():
     for code in ('if key == "valid_loss": pass', "isinstance(x, torch.Tensor)", 'answer = {"text": 1, "score": 2}',
                  'if problem == "classification": pass', 'args = {"parallel": "ddp", "device": "cpu"}'):
         assert not decisions_on_names(code, known, classes, tables), code
+    uploads = _upload_names()
+    for code in ('if "caption" in model.capabilities: pass', 'if endpoint == "/v1/transcribe": pass',
+                 'if path in ("/v1/caption", "/v1/answer"): pass', 'if job.kind == "answer": pass'):
+        assert decisions_on_names(code, known | uploads, classes, tables), code
+    assert not decisions_on_names('model.require("caption")', known | uploads, classes, tables)
 
 
 def test_no_source_file_outside_the_registry_and_the_kinds_decides_by_a_registered_name():
-    """Families, data formats, tasks and input kinds are asked, not named: a comparison with a registered name, a
-    table keyed by family or format names, or ``isinstance`` against a model class outside registry.py and
-    attnkit/kinds/ would mean that adding an entry needs an edit there too."""
-    known, classes = _registered_names(), _model_classes()
+    """Families, data formats, tasks and input kinds are asked, not named: a comparison with a registered name or
+    with what an input kind's upload endpoint names (its path, its capability), a table keyed by family or format
+    names, or ``isinstance`` against a model class outside registry.py and attnkit/kinds/ would mean that adding an
+    entry needs an edit there too."""
+    known, classes = _registered_names() | _upload_names(), _model_classes()
     tables = set(registry.FAMILIES) | set(registry.FORMATS)
     found = []
     for path in sorted(SRC.rglob("*.py")):

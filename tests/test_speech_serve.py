@@ -1,10 +1,15 @@
 """POST /v1/transcribe on a real server on loopback: an uploaded clip transcribed as attnkit.load(...).transcribe
 does it, with each character's attention; requests batched together answer as alone; bad audio and the limits
-answer one documented 4xx; the path is in /openapi.json."""
+answer one documented 4xx; the path is in /openapi.json. Streaming: the Python API's steps (``on_step``) agree with
+its answer, and ``stream=true`` sends them as server-sent events while the search runs, ends with the plain answer,
+and a client that leaves mid-stream stops the search."""
 
 from __future__ import annotations
 
 import io
+import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,6 +22,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from attnkit.data.speech import digit_strings, fsdd_recordings, split_recordings  # noqa: E402
+from attnkit.tokens import EOS  # noqa: E402
 from serving import LiveServer, one_line_error  # noqa: E402
 
 
@@ -110,3 +116,148 @@ def test_bad_requests(live):
     one_line_error(c.post("/v1/transcribe", data={"beam": "two"}, files={"audio": ("a.wav", b"x", "audio/wav")}),
                    422, "beam")
     one_line_error(c.post("/v1/transcribe", data={"model": "nope"}, files={"audio": ("a.wav", b"x")}), 404, "model")
+
+
+# --- streaming
+
+
+@pytest.fixture(scope="module")
+def endless(speech_model):
+    """The same LAS, loaded again, that never ends a transcript (EOS's logit pushed down): every clip of half a
+    second or more is spelled for as long as the model's limit lets it: 11 characters and the end, 12 search
+    steps."""
+    import attnkit
+
+    model = attnkit.load(speech_model[0].path)
+    with torch.no_grad():
+        model.module.character_distribution[-1].bias[EOS] = -1e4
+    return model
+
+
+class Gate:
+    """Wraps a model's step: from the ``after``-th step on, each step waits until the gate opens (at most 20 s), so
+    that what a client receives before it opens was sent while the search was still running."""
+
+    def __init__(self, module, after: int = 3):
+        self.module, self.after, self.steps = module, after, 0
+        self.open_, self.step = threading.Event(), module.step
+
+        def gated(*args, **kwargs):
+            self.steps += 1
+            if self.steps >= self.after:
+                self.open_.wait(20)
+            return self.step(*args, **kwargs)
+
+        module.step = gated
+
+    def open(self):
+        self.open_.set()
+
+    def close(self):
+        self.open_.set()
+        del self.module.step
+
+
+def test_the_python_api_streams_each_step_of_a_transcription(speech_model, endless):
+    """on_step gives every step of each batch (greedy and beam), the best partial transcript agreeing with the
+    answer's characters and the step's attention with the answer's row, over each clip's own frames."""
+    model, strings = speech_model
+    clips = [strings.audio[i] for i in range(3)]
+    for m, beam in ((endless, 1), (model, 1), (model, 3)):
+        seen = {}
+
+        def on_step(step, batch, seen=seen):
+            k = step.scores.size(1)
+            for p, row in enumerate(step.sentences.tolist()):
+                seen.setdefault(batch[row], []).append((step.history[p * k].tolist(),
+                                                        None if step.attention is None else step.attention[p * k]))
+
+        out = m.transcribe(clips, beam=beam, details=True, on_step=on_step)
+        assert [t.text[0] for t in out] == m.transcribe(clips, beam=beam)  # watching changes nothing
+        assert sorted(seen) == [0, 1, 2]
+        for i, t in enumerate(out):
+            h = t.hypotheses[0]
+            if beam == 1:  # greedy: each step's hypothesis is the answer's prefix, its attention the answer's row
+                assert len(seen[i]) == len(h.tokens) + 1
+                for step, (history, attention) in enumerate(seen[i]):
+                    assert history == (h.tokens + [EOS])[:step + 1]
+                    torch.testing.assert_close(attention[:t.memory_frames], h.attention[step])
+                    assert float(attention[t.memory_frames:].sum()) == 0.0  # padding frames get no attention
+            else:
+                assert 1 <= len(seen[i]) <= len(h.tokens) + 1
+    assert {len(t.hypotheses[0].tokens) for t in endless.transcribe(clips, details=True)} == {11}
+
+
+def test_a_streamed_transcription_sends_steps_while_it_runs_then_the_plain_answer(speech_model, endless):
+    model, strings = speech_model
+    server = LiveServer({"las": endless}, max_audio_seconds=8.0)
+    try:
+        samples, _ = strings.audio[1]
+        upload = {"audio": ("a.wav", wav(samples), "audio/wav")}
+        plain = server.client.post("/v1/transcribe", files=upload).json()
+        gate = Gate(endless.module)
+        try:
+            events, first = [], None
+            with server.client.stream("POST", "/v1/transcribe", data={"stream": "true"}, files=upload) as r:
+                assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+                name = None
+                for line in r.iter_lines():
+                    if line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: "):
+                        events.append((name, json.loads(line[6:])))
+                        if first is None:  # the search waits at its third step: this came while it ran
+                            first = (gate.steps, gate.open_.is_set())
+                            gate.open()
+        finally:
+            gate.close()
+        assert first[0] <= gate.after and not first[1]  # the search had not passed the gate: it was still running
+        steps, (last, done) = events[:-1], events[-1]
+        assert last == "done" and done == plain  # the final event is the answer without stream
+        assert [name for name, _ in steps] == ["step"] * len(plain["characters"])
+        for t, (_, e) in enumerate(steps):
+            assert e["step"] == t and e["sentence"] == 0
+            assert e["tokens"] == plain["characters"][:t + 1] or (t == len(steps) - 1 and e["done"])
+            np.testing.assert_allclose(e["attention"], plain["attention"][t], atol=2e-4)
+        assert steps[-1][1]["text"] == plain["transcript"] == endless.transcribe(strings.audio[1])
+        document = server.client.get("/openapi.json").json()["paths"]["/v1/transcribe"]["post"]
+        assert "text/event-stream" in document["responses"]["200"]["content"]
+        form = document["requestBody"]["content"]["multipart/form-data"]["schema"]
+        assert form["properties"]["stream"] == {"type": "boolean", "default": False,
+                                                "description": form["properties"]["stream"]["description"]}
+        one_line_error(server.client.post("/v1/transcribe", data={"stream": "maybe"}, files=upload), 422, "stream")
+    finally:
+        server.close()
+
+
+def test_a_client_leaving_a_transcription_stream_stops_its_search(speech_model, endless):
+    """The client reads one step, then leaves: its slot is freed at once, its search stops at the next step instead
+    of spelling all 11 characters, and the worker answers the next request."""
+    _, strings = speech_model
+    server = LiveServer({"las": endless}, max_audio_seconds=8.0)
+    gate = Gate(endless.module)
+    try:
+        samples, _ = strings.audio[2]
+        upload = {"audio": ("a.wav", wav(samples), "audio/wav")}
+        with httpx.Client(base_url=server.url, timeout=30) as other:
+            with other.stream("POST", "/v1/transcribe", data={"stream": "true"}, files=upload) as r:
+                assert r.status_code == 200
+                assert any(line.startswith("data: ") for line in r.iter_lines())
+        deadline = time.monotonic() + 5
+        while server.client.get("/health").json()["in_flight"]:
+            assert time.monotonic() < deadline, "the server did not free the slot of the client that left"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        left = gate.steps
+        assert left <= gate.after  # the search stopped at a step after the client left, or waits at the gate
+        gate.open()
+        start = time.monotonic()
+        r = server.client.post("/v1/transcribe", files=upload, data={"attention": "false"}, timeout=10)
+        assert r.status_code == 200 and time.monotonic() - start < 5
+        assert len(r.json()["characters"]) == 12  # 11 characters and the end: a search takes 12 steps
+        # the left search took at most the step it waited in, where it stopped; the answer took 12 (a search that
+        # went on would have taken 24 in all)
+        assert gate.steps <= left + 1 + 12, (left, gate.steps)
+    finally:
+        gate.close()
+        server.close()

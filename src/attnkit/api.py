@@ -309,12 +309,17 @@ class Model:
         result = out if details else [c.text[0] for c in out]
         return result[0] if one else result
 
-    def transcribe(self, audio, beam: int | None = None, details: bool = False, on_result=None):
+    def transcribe(self, audio, beam: int | None = None, details: bool = False, on_result=None, on_step=None):
         """Transcribe speech: an audio file's path (WAV, FLAC, OGG) or a (samples, rate) pair -> a string; a list
         of them -> a list of strings, in order. Other rates are resampled to the model's, stereo is down-mixed;
         bad audio is a one-line error naming the file. ``details`` returns
         :class:`~attnkit.decode.transcribe.Transcript` objects whose hypotheses carry each character's attention
-        over the encoder's frames; ``on_result(i, transcript)`` receives each as it is done, in order."""
+        over the encoder's frames; ``on_result(i, transcript)`` receives each as it is done, in order.
+
+        ``on_step(step, batch)`` streams the search as :meth:`translate`'s does: each step of each batch
+        (:class:`~attnkit.decode.search.SearchStep`: the partial transcripts, their scores, the step's attention over
+        the encoder's frames, padded to the batch's longest: ``kind.length`` of an input is its own), ``batch`` the
+        indices of its inputs; an exception it raises stops the search."""
         from attnkit.decode.transcribe import transcribe
 
         self.require("transcribe")
@@ -327,7 +332,7 @@ class Model:
         d = self.config.decode
         out = transcribe(self.decoder, self.tokenizers, features, beam_size=beam or d.beam_size,
                          len_penalty=d.len_penalty, max_len=d.max_caption_len, need_weights=details,
-                         on_result=on_result)
+                         on_result=on_result, on_step=on_step)
         result = out if details else [t.text[0] for t in out]
         return result[0] if one else result
 
@@ -622,14 +627,17 @@ class Model:
 
     # --- tokens
 
-    def _target_tokenizer(self):
+    @property
+    def target_tokenizer(self):
+        """The tokenizer of what the model writes (a translation model's target side; else its one tokenizer): the
+        pieces and text of a decoding step's tokens."""
         return getattr(self.tokenizers, "tgt", self.tokenizers)
 
     def _target_ids(self, text: str) -> list[int]:
-        return self._target_tokenizer().encode([text])[0]
+        return self.target_tokenizer.encode([text])[0]
 
     def _pieces(self, ids: list[int]) -> list[str]:
-        return list(self._target_tokenizer().id_to_piece(ids))
+        return list(self.target_tokenizer.id_to_piece(ids))
 
 
 def load(path: str | Path, precision: str = "fp32", compile: bool | None = None,

@@ -297,6 +297,11 @@ def kind(name: str):
     return found
 
 
+def kinds() -> list:
+    """Every registered input kind, resolved, in the order they were registered."""
+    return [kind(name) for name in list(_KINDS)]
+
+
 def kind_of(family_name: str):
     """The input kind a family reads."""
     return kind(family(family_name).input)

@@ -98,13 +98,16 @@ def cmd_answer(args) -> int:
     return stream(args.output, answered())
 
 
-def evaluate_answers(model, args) -> int:
+def evaluate_answers(args) -> int:
     """`attnkit evaluate --data` for a VQA model: ``--data`` is a JSONL or TSV file of questions with their answers,
     or ``FORMAT:SPLIT`` of a registered VQA data format (``easy_vqa:test``); prints accuracy overall and per
     question type as one JSON object with ``n``."""
     from attnkit import registry
+    from attnkit.api import load
     from attnkit.data.vqa import read_vqa_file
 
+    model = load(args.checkpoint, precision=args.precision)
+    model.require("answer")
     name, _, split = args.data.partition(":")
     if split and name in registry.FORMATS and not Path(args.data).exists():
         form = registry.data_format(name)

@@ -288,7 +288,9 @@ def cmd_translate(args) -> int:
 
 def cmd_evaluate(args) -> int:
     """A translation test set (--src, --ref): sacreBLEU, chrF, the papers' BLEU; a classifier's labelled file
-    (--data): its task's scores (see :func:`_evaluate_classifier`)."""
+    (--data): its task's scores (see :func:`_evaluate_classifier`), or those of the model's input kind (a speech
+    model's transcripts, a VQA model's answers: ``InputKind.evaluates``)."""
+    from attnkit import registry
     from attnkit.data import read_lines
     from attnkit.evaluate import bleu, bleu_by_length, chrf, paper_bleu
 
@@ -299,7 +301,8 @@ def cmd_evaluate(args) -> int:
         if args.src is not None or args.ref is not None:
             raise AttnkitError("--data with --src/--ref: give --data (a classifier's labelled file) or --src and "
                                "--ref (a translation test set)")
-        return _evaluate_speech(args) if _kind(args.checkpoint).evaluates_transcripts else _evaluate_classifier(args)
+        evaluates = _kind(args.checkpoint).evaluates  # a model's own kind of labelled data, else a classifier's
+        return registry.resolve(evaluates)(args) if evaluates else _evaluate_classifier(args)
     for option in ("text_column", "pair_column", "label_column"):
         if getattr(args, option) is not None:
             raise AttnkitError(f"--{option.replace('_', '-')}: names a column of --data FILE (a classifier's "
@@ -369,15 +372,10 @@ def cmd_classify(args) -> int:
 
 def _evaluate_classifier(args) -> int:
     """`attnkit evaluate --data FILE` for a classifier: its predictions on a labelled file scored with the task's
-    metrics (:meth:`~attnkit.api.Model.evaluate`), printed as one JSON object with the number of examples ``n``.
-    A model that answers questions about images scores its answers instead (:func:`attnkit.cli.answer.
-    evaluate_answers`)."""
+    metrics (:meth:`~attnkit.api.Model.evaluate`), printed as one JSON object with the number of examples ``n``."""
     from attnkit.api import load
-    from attnkit.cli.answer import evaluate_answers
 
     model = load(args.checkpoint, precision=args.precision)
-    if "answer" in model.capabilities:
-        return evaluate_answers(model, args)
     model, reader = _classifier(args, model)
     path = Path(args.data)
     data = reader.labelled(path, args.text_column, args.pair_column, args.label_column)
@@ -400,7 +398,8 @@ def cmd_align(args) -> int:
     check_output(args.output)
     model = load(args.checkpoint)
     if "align" not in model.capabilities:
-        hint = "; a captioner's attention: attnkit caption --show-attention" if "caption" in model.capabilities else ""
+        upload = model.kind.upload  # a model of files: its command draws its attention (caption, answer, transcribe)
+        hint = f"; its attention: attnkit {upload.capability} --show-attention" if upload is not None else ""
         raise AttnkitError(f"{args.checkpoint}: a {model.family} model has no alignment to show{hint}")
     check_source_lengths(model, [args.src], "--src")
     a = model.align(args.src, beam=args.beam, layer=args.layer, head=args.head)
@@ -502,7 +501,7 @@ def cmd_transcribe(args) -> int:
     return stream(None, transcribed())
 
 
-def _evaluate_speech(args) -> int:
+def evaluate_speech(args) -> int:
     """`attnkit evaluate --data LIST` for a speech model: CER, WER (jiwer) and string accuracy of its transcripts
     of a ``path<TAB>transcript`` list, as one JSON object."""
     from attnkit.api import load

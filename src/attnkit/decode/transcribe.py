@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from attnkit.decode.search import Hypothesis, generate
+from attnkit.decode.search import Hypothesis, SearchStep, generate
 from attnkit.nn.audio import pad_frames
 
 
@@ -28,10 +29,13 @@ def max_characters(frames: int, limit: int) -> int:
 @torch.no_grad()
 def transcribe(model, tokenizer, features: list[Tensor], beam_size: int = 1, len_penalty: float = 1.0,
                max_len: int = 200, batch_frames: int = 20000, need_weights: bool = False,
-               on_result=None) -> list[Transcript]:
+               on_result=None, on_step: Callable[[SearchStep, list[int]], None] | None = None) -> list[Transcript]:
     """Utterances' features (each [T, F]) -> their transcripts, in order. Batches hold utterances of similar
     length, at most ``batch_frames`` padded frames; ``on_result(i, transcript)`` is called as each is done, in
-    order (a face streams them)."""
+    order (a face streams them). ``on_step(step, batch)``: each step of each batch's search, as
+    :func:`~attnkit.decode.translate` gives it (:class:`~attnkit.decode.search.SearchStep`: the partial transcripts,
+    their scores, the step's attention over the batch's padded frames), ``batch`` the indices in ``features`` of
+    the batch's rows; raising stops the search."""
     model.eval()
     order = sorted(range(len(features)), key=lambda i: features[i].size(0))
     batches, current = [], []
@@ -49,7 +53,9 @@ def transcribe(model, tokenizer, features: list[Tensor], beam_size: int = 1, len
         frames = pad_frames([features[i].float() for i in batch])
         lens = torch.tensor([max_characters(int(n), max_len) for n in frames.lengths])
         memory = lengths_of(frames.lengths)
-        for k, hyps in zip(batch, generate(model, frames, lens, beam_size, len_penalty, 1, need_weights)):
+        watch = None if on_step is None else (lambda step, batch=batch: on_step(step, batch))
+        found = generate(model, frames, lens, beam_size, len_penalty, 1, need_weights, on_step=watch)
+        for k, hyps in zip(batch, found):
             if need_weights:
                 hyps = [Hypothesis(h.tokens, h.score, None if h.attention is None else
                                    h.attention[:, : int(memory[batch.index(k)])], h.log_probs) for h in hyps]

@@ -13,7 +13,10 @@ module here and one :func:`attnkit.registry.register_kind` call. A kind owns
 * the model's own output for an input (:meth:`own_output`), from which its attention is drawn;
 * an example for the explorer and ``/v1/models`` (:meth:`example`), and what ``/v1/models`` says of it
   (:meth:`describe`);
-* its OpenAPI schema fragments (:meth:`attention_schema`, :meth:`score_schema`).
+* its OpenAPI schema fragments (:meth:`attention_schema`, :meth:`score_schema`);
+* its upload endpoint, where its inputs are uploaded files (:attr:`upload`, an :class:`attnkit.kinds.upload.Upload`):
+  the form's fields, how a checked form becomes the worker's payload (:meth:`read_form`), a payload's share of a
+  batch's budget (:meth:`upload_tokens`) and the answers to a batch of payloads (:meth:`answer_uploads`).
 
 The methods take the loaded model (:class:`attnkit.api.Model`); server limits come as the server's settings
 (anything with ``max_source_tokens``, ``max_sentences``, ``max_image_bytes``, ``max_image_pixels``). A request's
@@ -25,6 +28,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from attnkit.errors import AttnkitError, RequestError
+from attnkit.kinds.upload import Field, Upload
 
 
 class InputKind:
@@ -36,8 +40,12 @@ class InputKind:
     has_source: bool = True  # False: the model reads its target alone (no encoder, no source positions)
     source_vocabulary: bool = False  # its source is tokens of a source vocabulary (shared embeddings need joint)
     title: str = "source"  # how one input is called in messages
-    evaluates_transcripts: bool = False  # `evaluate --data` reads a list of inputs with transcripts (speech)
+    # `attnkit evaluate --data` for a model of this kind, "module:function" (f(args) -> exit status; the command's
+    # own module, named here and imported on use, as the registry names code); "": a labelled file of sentences
+    evaluates: str = ""
     json_inputs: bool = True  # its inputs travel in JSON bodies (/v1/attention, /v1/score); False: uploads only
+    json_scores: bool = True  # /v1/score takes its inputs (an image's are not sent there)
+    upload: Upload | None = None  # its upload endpoint, where its inputs are files (None: JSON bodies only)
 
     # --- Python values
 
@@ -73,6 +81,15 @@ class InputKind:
     def describe(self, model) -> dict:
         """What ``/v1/models`` says of this kind's inputs beyond the family's: e.g. an image grid's shape."""
         return {"grid": None}
+
+    def decode_settings(self, model) -> dict:
+        """What ``/v1/models`` adds to a model's decoding settings for this kind (e.g. a caption's longest length)."""
+        return {}
+
+    def describe_schema(self) -> tuple[dict, dict]:
+        """The JSON Schema properties of what :meth:`describe` and :meth:`decode_settings` add to a model's entry of
+        ``/v1/models`` (``grid`` is every model's): (entry properties, decode properties)."""
+        return {}, {}
 
     # --- requests
 
@@ -111,5 +128,24 @@ class InputKind:
         """``/v1/score``'s body properties, required names and extra schema keys; None: not scored over JSON."""
         return None
 
+    # --- uploads (kinds with an :attr:`upload` endpoint)
 
-__all__ = ["InputKind", "RequestError"]
+    def read_form(self, model, form: dict, settings) -> dict:
+        """The worker's payload of one upload: ``form`` {field name: value} holds every declared field of
+        :attr:`upload`, each already of its type and within its declared limits (a file's bytes, not empty). The
+        payload's ``"input"`` is the value :meth:`length` takes. Raises :class:`RequestError` (422, 413) naming the
+        field for what only the kind can check (not an image, not audio, ...)."""
+        raise RequestError(422, f"{self.title}: not uploaded to this server")
+
+    def upload_tokens(self, model, payload: dict) -> int:
+        """A payload's share of a batch's budget (``max_batch_tokens``): its source positions."""
+        return self.length(model, payload["input"])
+
+    def answer_uploads(self, model, name: str, payloads: list[dict], on_step=None) -> list[dict]:
+        """The answers (JSON) of a batch of payloads sent to the served model ``name``, in order, through the Python
+        API. ``on_step(step, batch)``: where the upload :attr:`~attnkit.kinds.upload.Upload.streams`, each decoding
+        step, as :meth:`attnkit.api.Model.translate` gives it (``batch``: the payloads' indices)."""
+        raise NotImplementedError
+
+
+__all__ = ["Field", "InputKind", "RequestError", "Upload"]

@@ -13,7 +13,22 @@ from contextlib import contextmanager
 import torch
 
 from attnkit.errors import AttnkitError, RequestError
-from attnkit.kinds import InputKind, schema
+from attnkit.kinds import Field, InputKind, Upload, schema
+
+IMAGE_FILE = Field("image", "file", required=True, max_bytes="max_image_bytes", media="image/*",
+                   description="the image file (PNG, JPEG, ...); at most {s.max_image_bytes} bytes and "
+                               "{s.max_image_pixels} pixels (more: 413)")
+_GRID = schema.array(schema.INTEGER, minItems=2, maxItems=2)
+CAPTION = Upload(
+    "/v1/caption", "caption", (
+        IMAGE_FILE,
+        Field("beam", "int", low=1, high="max_beam", key=True, description="1 is greedy (default: the checkpoint's)"),
+        Field("attention", "bool", default=True, key=True, description="each word's attention over the grid")),
+    "Caption", schema.obj({"model": schema.STRING, "caption": schema.STRING, "words": schema.array(schema.STRING),
+                           "score": schema.NUMBER, "grid": _GRID,
+                           "attention": schema.array(schema.array(schema.NUMBER))},
+                          ["model", "caption", "words", "score", "grid"]),
+    "a captioner")
 
 
 def check_image(data: bytes, settings, field: str = "image") -> None:
@@ -41,6 +56,8 @@ class ImageKind(InputKind):
     name = "image"
     field = "image"
     title = "image"
+    json_scores = False  # a captioner's sources are images, not sent to /v1/score
+    upload = CAPTION
 
     def grid(self, model) -> list[int]:
         """[rows, columns] of the model's image grid."""
@@ -80,6 +97,12 @@ class ImageKind(InputKind):
 
     def describe(self, model) -> dict:
         return {"grid": self.grid(model)}
+
+    def decode_settings(self, model) -> dict:
+        return {"max_caption_len": model.config.decode.max_caption_len}
+
+    def describe_schema(self) -> tuple[dict, dict]:
+        return {}, {"max_caption_len": schema.INTEGER}
 
     # --- requests
 
@@ -126,6 +149,31 @@ class ImageKind(InputKind):
 
     def check_score(self, model, sources, targets, settings, name: str) -> None:
         raise RequestError(422, f"sources: {name} is a captioner, whose sources are images: not scored over JSON")
+
+    # --- uploads: POST /v1/caption
+
+    def read_form(self, model, form: dict, settings) -> dict:
+        check_image(form["image"], settings)
+        return {"input": form["image"], "beam": form["beam"], "attention": form["attention"]}
+
+    def answer_uploads(self, model, name: str, payloads: list[dict], on_step=None) -> list[dict]:
+        """Each image captioned (:meth:`attnkit.api.Model.caption`, the batch's images together), with each word's
+        attention over the grid where asked."""
+        from contextlib import ExitStack
+
+        with ExitStack() as files:
+            paths = [files.enter_context(self.opened(p["input"])) for p in payloads]
+            captions = model.caption(paths, beam=payloads[0]["beam"], details=True)
+        words, grid = model.tokenizers.id_to_piece, self.describe(model)
+        answers = []
+        for p, c in zip(payloads, captions):
+            h = c.hypotheses[0]
+            answer = {"model": name, "caption": c.text[0], "words": list(words(h.tokens)) + ["<end>"],
+                      "score": schema.finite(h.score), **grid}
+            if p["attention"]:
+                answer["attention"] = [] if h.attention is None else schema.rounded(h.attention)
+            answers.append(answer)
+        return answers
 
 
 IMAGE = ImageKind()

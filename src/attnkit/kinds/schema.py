@@ -1,5 +1,5 @@
 """JSON Schema building blocks for the OpenAPI document (:mod:`attnkit.serve.openapi`) and the input kinds'
-fragments of it."""
+fragments of it, and the few helpers that write an answer's values as JSON (rounded maps, finite scores)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,26 @@ def text(description: str, tokens: int | None) -> dict:
         out["description"] += f" (at most {tokens} tokens of the model's tokenizer; more: 413)"
         out["x-max-tokens"] = tokens
     return out
+
+
+def obj(properties: dict, required=(), closed: bool = True, **more) -> dict:
+    """An object schema; ``closed``: no property beyond ``properties``."""
+    out = {"type": "object", "properties": properties, "required": list(required), **more}
+    if closed:
+        out["additionalProperties"] = False
+    return out
+
+
+# --- answers' values as JSON
+
+
+def rounded(t, decimals: int = 4):
+    """A tensor as nested lists of floats rounded to ``decimals`` (attention maps are large)."""
+    import torch
+
+    return torch.round(t.double(), decimals=decimals).tolist()
+
+
+def finite(x: float) -> float:
+    """A score as JSON can carry it: rounded to 6 decimals; -1e30 for -inf or NaN (a search with no hypothesis)."""
+    return round(float(x), 6) if x == x and abs(x) != float("inf") else -1e30

@@ -8,16 +8,33 @@ import torch
 
 from attnkit.data.audio import HOP_MS, AudioSettings, features_of, read_audio
 from attnkit.errors import AttnkitError, RequestError
-from attnkit.kinds import InputKind
+from attnkit.kinds import Field, InputKind, Upload, schema
 from attnkit.nn.audio import Frames
+
+_MATRIX = schema.array(schema.array(schema.NUMBER))
+TRANSCRIBE = Upload(
+    "/v1/transcribe", "transcribe", (
+        Field("audio", "file", required=True, max_bytes="max_audio_bytes", media="audio/*",
+              description="the audio file (WAV, FLAC, OGG); at most {s.max_audio_bytes} bytes and "
+                          "{s.max_audio_seconds:g} s (more: 413); not audio, empty, silent, truncated or at a rate "
+                          "below the model's: 422"),
+        Field("beam", "int", low=1, high="max_beam", key=True, description="1 is greedy (default: the checkpoint's)"),
+        Field("attention", "bool", default=True, key=True, description="each character's attention over the frames")),
+    "Transcript", schema.obj({
+        "model": schema.STRING, "transcript": schema.STRING, "characters": schema.array(schema.STRING),
+        "score": schema.NUMBER, "frames": schema.array(schema.array(schema.NUMBER)), "seconds": schema.NUMBER,
+        "attention": _MATRIX, "spectrogram": _MATRIX},
+        ["model", "transcript", "characters", "score", "frames", "seconds"]),
+    "a speech model", streams=True)
 
 
 class SpeechKind(InputKind):
     name = "speech"
     field = "audio"
     title = "audio file"
-    evaluates_transcripts = True
+    evaluates = "attnkit.cli.decode:evaluate_speech"  # a list of clips with their transcripts: CER, WER
     json_inputs = False  # audio is uploaded (/v1/transcribe), not sent in JSON
+    upload = TRANSCRIBE
 
     def settings(self, model) -> AudioSettings:
         return AudioSettings.of(model.config.data)
@@ -51,11 +68,39 @@ class SpeechKind(InputKind):
     def own_output(self, model, value) -> str:
         return model.transcribe([value])[0]
 
-
     def check(self, model, values) -> None:
         if isinstance(values, (str, bytes)):
             raise AttnkitError("transcribe takes a list of inputs")
 
+    # --- uploads: POST /v1/transcribe
+
+    def read_form(self, model, form: dict, settings) -> dict:
+        return {"input": self.read_upload(model, form["audio"], settings), "beam": form["beam"],
+                "attention": form["attention"]}
+
+    def upload_tokens(self, model, payload: dict) -> int:
+        """The clip's feature frames (one per ``HOP_MS``), without computing them."""
+        samples, rate = payload["input"]
+        return int(len(samples) * 1000 // (rate * HOP_MS))
+
+    def answer_uploads(self, model, name: str, payloads: list[dict], on_step=None) -> list[dict]:
+        """The batch's clips transcribed together (:meth:`attnkit.api.Model.transcribe`), each answer with its
+        characters, the encoder frames' times, its spectrogram and, where asked, each character's attention over the
+        frames; ``on_step`` streams the search."""
+        clips = [p["input"] for p in payloads]
+        out = model.transcribe(clips, beam=payloads[0]["beam"], details=True, on_step=on_step)
+        answers = []
+        for p, t in zip(payloads, out):
+            h = t.hypotheses[0]
+            answer = {"model": name, "transcript": t.text[0],
+                      "characters": list(model.tokenizers.id_to_piece(h.tokens)) + ["<end>"],
+                      "score": schema.finite(h.score), "frames": [list(span) for span in self.spans(model, t.frames)],
+                      "seconds": round(t.frames * HOP_MS / 1000, 2),
+                      "spectrogram": schema.rounded(self.features(model, p["input"]), 2)}
+            if p["attention"]:
+                answer["attention"] = [] if h.attention is None else schema.rounded(h.attention)
+            answers.append(answer)
+        return answers
 
     def read_upload(self, model, data: bytes, settings, field: str = "audio"):
         """An uploaded audio file -> (samples, rate) at the model's rate, checked: 413 past the server's bytes or

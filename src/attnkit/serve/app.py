@@ -36,11 +36,17 @@ Common rules
 * Requests name models, never files: no request reads or writes a path; the only files served are the
   explorer's own (``/``), and images are decoded from the request's bytes.
 
-Streaming (``"stream": true`` on translate and generate): the answer is ``text/event-stream``; each event is
-``event: <name>\\ndata: <one line of JSON>\\n\\n``. Names: ``step`` (one per decided token), ``done`` (last; its
-data is exactly the non-streaming answer), ``error`` (last; ``{"error": ..., "status": <http status>}``, e.g.
-a timeout mid-stream). A client that disconnects frees its place in the queue, and its decoding stops when no
-other request shares the batch.
+Uploads (``multipart/form-data``): an input kind whose inputs are files declares its endpoint, its form's fields and
+their limits (:class:`attnkit.kinds.upload.Upload`); one handler serves every such endpoint: a file field is
+required and not empty (else 422) and at most its size limit (else 413), an integer in its range, a boolean
+``true``/``false``/``1``/``0``/``yes``/``no``/``on``/``off``, a field the endpoint does not declare 422; a body that
+is not a multipart form 400. ``model`` (empty: as absent) names the model, as in JSON bodies.
+
+Streaming (``"stream": true`` on translate and generate, the form field ``stream=true`` on transcribe): the answer is
+``text/event-stream``; each event is ``event: <name>\\ndata: <one line of JSON>\\n\\n``. Names: ``step`` (one
+per decided token), ``done`` (last; its data is exactly the non-streaming answer), ``error`` (last; ``{"error": ...,
+"status": <http status>}``, e.g. a timeout mid-stream). A client that disconnects frees its place in the queue,
+and its decoding stops when no other request shares the batch.
 
 GET /health
     -> ``{"status": "ok", "models": ["name", ...], "queue": <requests waiting>, "in_flight": <admitted requests>,
@@ -98,6 +104,7 @@ POST /v1/caption  (captioners; multipart/form-data)
     ``attention`` (true)
     -> ``{"model": "...", "caption": "a dog runs", "words": ["a", "dog", "runs", "<end>"], "score": -3.2,
     "grid": [7, 7], "attention": [[...grid floats, row-major...] per word]}``  # attention: where each word looked
+    Requests with the same model, beam and attention share batches.
 
 POST /v1/attention  (families with attention; one example)
     ``{"source": "A dog runs." (a sentence; a language model's text), "image": null (captioners: the image file's
@@ -140,6 +147,17 @@ POST /v1/positional  (Transformer families)
     -> ``{"model": "...", "kind": "sinusoidal", "d_model": 512, "matrix": [[...d_model floats...] per position],
     "dot": [[...positions floats...] per position]}``   # dot: the dot products between positions
 
+POST /v1/transcribe  (speech models; multipart/form-data)
+    fields ``audio`` (file, required; WAV, FLAC or OGG, at most 5 MiB and 30 s), ``model``, ``beam`` (config's),
+    ``attention`` (true), ``stream`` (false)
+    -> ``{"model": "...", "transcript": "4 0 7", "characters": ["4", " ", "0", ..., "<end>"], "score": -1.2,
+    "frames": [[0.0, 0.08], ...],   # each encoder frame's start and end in seconds
+    "seconds": 2.1, "spectrogram": [[...n_mels floats...] per 10 ms frame],
+    "attention": [[...frame floats...] per character]}``   # where each character listened
+    Requests with the same model, beam and attention share batches. Stream ``step`` events as translate's (one
+    utterance: ``"sentence": 0``): the partial transcript (``tokens``, ``text``), its score, and the step's attention
+    over the encoder frames; ``done`` carries the answer.
+
 POST /v1/answer  (visual question answering; multipart/form-data)
     fields ``image`` (file, required; at most 10 MiB), ``question`` (required, not empty), ``model``
     -> ``{"model": "...", "question": "what color is the shape?", "answer": "red", "probability": 0.99,
@@ -173,11 +191,10 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnkit.errors import AttnkitError
-from attnkit.kinds.image import check_image
 from attnkit.serve import compute
 from attnkit.serve.errors import ApiError, validation_message
 from attnkit.serve.metrics import Metrics
-from attnkit.serve.middleware import GuardMiddleware
+from attnkit.serve.middleware import ENDPOINTS, GuardMiddleware
 from attnkit.serve.openapi import openapi_document
 from attnkit.serve.schemas import (
     AttentionRequest,
@@ -214,6 +231,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
         raise AttnkitError("serve: no model to serve")
     served = {name: ServedModel(name, model) for name, model in models.items()}
     default = next(iter(served))
+    uploads = compute.uploads()
     metrics = Metrics()
     worker = Worker(settings, metrics)
     started = time.monotonic()
@@ -229,7 +247,9 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
                   description="Trained attnkit models over HTTP; the attention explorer at /. "
                               "Contract: the docstring of attnkit.serve.app.")
     app.state.settings, app.state.worker, app.state.metrics, app.state.models = settings, worker, metrics, served
-    app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics)
+    app.state.endpoints = ENDPOINTS | set(uploads)
+    app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics, endpoints=app.state.endpoints,
+                       limits={path: upload.body_bytes(settings) for path, upload in uploads.items()})
 
     # --- errors: one line of JSON, never a traceback
 
@@ -278,7 +298,7 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
         m = served.get((compute.default_for(served, default, endpoint) or default) if name is None else name)
         if m is None:
             raise ApiError(404, f"model: no model named {name!r} (serving: {', '.join(served)})")
-        capability = compute.CAPABILITY[endpoint]
+        capability = compute.endpoints()[endpoint]
         if capability not in m.model.capabilities:
             can = ", ".join(sorted(m.model.capabilities)) or "nothing"
             raise ApiError(422, f"model: {m.name} is a {m.model.family} model, which cannot {capability} "
@@ -372,54 +392,29 @@ def create_app(models: dict, settings: Settings | None = None) -> FastAPI:
         j = job("generate", m, body, streaming=body.stream)
         return stream(j) if body.stream else await run(j, request)
 
-    @app.post("/v1/caption")
-    async def caption(request: Request):
-        form = await _form(request, settings)
-        m = pick(form.get("model") or None, "/v1/caption")
-        upload = form.get("image")
-        if upload is None or isinstance(upload, str):
-            raise ApiError(422, "image: required (a multipart file field named image)")
-        data = await upload.read()
-        if not data:
-            raise ApiError(422, "image: the file is empty")
-        beam = _form_int(form, "beam", None, 1, settings.max_beam)
-        attention = _form_bool(form, "attention", True)
-        extra = sorted(set(form.keys()) - {"model", "image", "beam", "attention"})
-        if extra:
-            raise ApiError(422, f"{extra[0]}: unknown field (fields: image, model, beam, attention)")
-        check_image(data, settings)
-        return await run(job("caption", m, {"image": data, "beam": beam, "attention": attention}), request)
+    def upload_endpoint(upload):
+        """The handler of an input kind's upload endpoint (:class:`attnkit.kinds.upload.Upload`): the form read and
+        checked field by field as the kind declares it, the payload made by the kind, then queued (batched with
+        requests whose key fields agree) and answered, or streamed where the form asks it."""
 
-    @app.post("/v1/answer")
-    async def answer(request: Request):
-        form = await _form(request, settings)
-        m = pick(form.get("model") or None, "/v1/answer")
-        upload = form.get("image")
-        if upload is None or isinstance(upload, str):
-            raise ApiError(422, "image: required (a multipart file field named image)")
-        extra = sorted(set(form.keys()) - {"model", "image", "question"})
-        if extra:
-            raise ApiError(422, f"{extra[0]}: unknown field (fields: image, question, model)")
-        data = await upload.read()
-        question = m.model.kind.check_upload(data, form.get("question"), settings)
-        return await run(job("answer", m, {"image": data, "question": question}, key=("answer", m.name),
-                             tokens=len(question.split()) + 1), request)
-    @app.post("/v1/transcribe")
-    async def transcribe(request: Request):
-        form = await _form(request, settings, "audio", settings.max_audio_bytes)
-        m = pick(form.get("model") or None, "/v1/transcribe")
-        upload = form.get("audio")
-        if upload is None or isinstance(upload, str):
-            raise ApiError(422, "audio: required (a multipart file field named audio)")
-        beam = _form_int(form, "beam", None, 1, settings.max_beam)
-        attention = _form_bool(form, "attention", True)
-        extra = sorted(set(form.keys()) - {"model", "audio", "beam", "attention"})
-        if extra:
-            raise ApiError(422, f"{extra[0]}: unknown field (fields: audio, model, beam, attention)")
-        audio = m.model.kind.read_upload(m.model, await upload.read(), settings)
-        payload = {"audio": audio, "beam": beam, "attention": attention}
-        return await run(job("transcribe", m, payload, key=("transcribe", m.name, beam, attention),
-                             tokens=len(audio[0]) // 80), request)
+        async def handler(request: Request):
+            form = await _form(request, upload, settings)
+            name = form.get("model") or None
+            if name is not None and not isinstance(name, str):
+                raise ApiError(422, "model: expected a text field (a served model's name), not a file")
+            m = pick(name, upload.path)
+            values = await _read_fields(form, upload, settings)
+            payload = m.model.kind.read_form(m.model, values, settings)
+            key = (upload.path, m.name, *(values[f.name] for f in upload.fields if f.key)) if upload.batched else None
+            j = job("upload", m, payload, key=key, tokens=m.model.kind.upload_tokens(m.model, payload),
+                    streaming=values.get("stream", False))
+            return stream(j) if j.streaming else await run(j, request)
+
+        handler.__name__ = upload.summary.lower()
+        return handler
+
+    for upload in uploads.values():
+        app.add_api_route(upload.path, upload_endpoint(upload), methods=["POST"])
 
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest, request: Request):
@@ -492,11 +487,10 @@ class _Explorer:
         self.files = files
 
     async def __call__(self, scope, receive, send):
-        from attnkit.serve.middleware import ENDPOINTS
-
         path = scope.get("path", "")
-        if scope["type"] == "http" and (path in ENDPOINTS or path.startswith("/v1/")):
-            if path not in ENDPOINTS:
+        endpoints = scope["app"].state.endpoints
+        if scope["type"] == "http" and (path in endpoints or path.startswith("/v1/")):
+            if path not in endpoints:
                 return await error_response(404, f"path: no such endpoint {path}")(scope, receive, send)
             return await error_response(405, f"method: {scope.get('method')} is not allowed on {path}",
                                         {"Allow": allowed_methods(scope["app"], path)})(scope, receive, send)
@@ -522,12 +516,14 @@ def _sse(name: str, data) -> str:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
-async def _form(request: Request, settings: Settings, field: str = "image", max_bytes: int | None = None):
+async def _form(request: Request, upload, settings: Settings):
+    """The multipart form of a request to ``upload``'s path: 400 for a body that is not one."""
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
-        raise ApiError(400, f"body: expected multipart/form-data with a file field named {field}")
+        raise ApiError(400, f"body: expected multipart/form-data with a file field named {upload.files[0].name}")
     try:
-        return await request.form(max_files=1, max_fields=8, max_part_size=max_bytes or settings.max_image_bytes)
+        return await request.form(max_files=len(upload.files), max_fields=max(8, len(upload.form_fields) + 2),
+                                  max_part_size=upload.max_bytes(settings))
     except (ApiError, StarletteHTTPException):
         raise
     except Exception as e:  # noqa: BLE001 - python-multipart and starlette raise several kinds for a bad body
@@ -535,28 +531,31 @@ async def _form(request: Request, settings: Settings, field: str = "image", max_
         raise ApiError(400, f"body: malformed multipart form ({detail})") from None
 
 
-def _form_int(form, name: str, default, low: int, high: int):
-    value = form.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ApiError(422, f"{name}: expected an integer, got {str(value)[:40]!r}") from None
-    if not low <= number <= high:
-        raise ApiError(422, f"{name}: must be in {low}..{high}, got {number}")
-    return number
-
-
-def _form_bool(form, name: str, default: bool) -> bool:
-    value = form.get(name)
-    if value is None or value == "":
-        return default
-    if str(value).lower() in ("true", "1", "yes", "on"):
-        return True
-    if str(value).lower() in ("false", "0", "no", "off"):
-        return False
-    raise ApiError(422, f"{name}: expected true or false, got {str(value)[:40]!r}")
+async def _read_fields(form, upload, settings: Settings) -> dict:
+    """{name: value} of every field ``upload`` declares (and ``stream`` where it streams), each of its type and
+    within its limits, in the order declared: a file's bytes (required, not empty, at most its size limit), an
+    integer in its range, a boolean, a text; 422 naming the field otherwise, and for a field it does not declare."""
+    fields = upload.form_fields
+    values = {}
+    for f in fields:
+        value = form.get(f.name)
+        if f.type == "file":
+            if value is None or isinstance(value, str):
+                raise ApiError(422, f"{f.name}: required (a multipart file field named {f.name})")
+            data = await value.read()
+            if not data:
+                raise ApiError(422, f"{f.name}: the file is empty")
+            if len(data) > f.limit(settings):
+                raise ApiError(413, f"{f.name}: {len(data)} bytes, more than this server's limit of "
+                                    f"{f.limit(settings)}")
+            values[f.name] = data
+        else:
+            values[f.name] = f.read(value, settings)
+    extra = sorted(set(form.keys()) - {f.name for f in fields} - {"model"})
+    if extra:
+        names = ", ".join([*(f.name for f in fields), "model"])
+        raise ApiError(422, f"{extra[0]}: unknown field (fields: {names})")
+    return values
 
 
 def _docs(app: FastAPI) -> None:

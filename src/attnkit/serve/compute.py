@@ -11,6 +11,11 @@ of ``attnkit translate``); a batch with a streaming request passes it an ``on_st
 Classification batches run :func:`attnkit.decode.classify` on the model's module and tokenizer (what ``attnkit
 classify`` runs), the sentences of every request of the batch together; an explanation runs
 :func:`attnkit.decode.explain` for its one sentence.
+
+Uploads (an image to caption or ask about, audio to transcribe: an input kind's
+:class:`~attnkit.kinds.upload.Upload`) are answered by the model's input kind
+(:meth:`~attnkit.kinds.InputKind.answer_uploads`), a batch at a time; a batch with a streaming request passes it the
+same ``on_step`` as translation's.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import torch
 
 from attnkit import registry
 from attnkit.errors import AttnkitError
+from attnkit.kinds.schema import finite as _score
+from attnkit.kinds.schema import rounded as _rounded
 from attnkit.kinds.text import learned_positions
 from attnkit.serve.errors import ApiError
 from attnkit.serve.worker import Abandoned, Job
@@ -98,23 +105,38 @@ def check_classify(m, body) -> None:
 
 # --- which model answers which endpoint
 
-CAPABILITY = {"/v1/translate": "translate", "/v1/generate": "generate", "/v1/caption": "caption",
-              "/v1/attention": "attention", "/v1/score": "score", "/v1/positional": "attention",
-              "/v1/classify": "classify", "/v1/answer": "answer", "/v1/transcribe": "transcribe"}
+# the endpoints with JSON bodies, and the capability a model needs to answer each
+CAPABILITY = {"/v1/translate": "translate", "/v1/generate": "generate", "/v1/attention": "attention",
+              "/v1/score": "score", "/v1/positional": "attention", "/v1/classify": "classify"}
+
+
+def uploads() -> dict:
+    """{path: :class:`~attnkit.kinds.upload.Upload`}: the upload endpoint of every registered input kind that has
+    one."""
+    return {kind.upload.path: kind.upload for kind in registry.kinds() if kind.upload is not None}
+
+
+def endpoints() -> dict[str, str]:
+    """{path: the capability a model needs to answer it}: every POST endpoint, those with JSON bodies and the
+    uploads."""
+    return {**CAPABILITY, **{path: upload.capability for path, upload in uploads().items()}}
 
 
 def serves(m, endpoint: str) -> bool:
     """Whether the served model ``m`` answers ``endpoint`` (the capability it needs, and what it reads). A
-    classifier answers /v1/classify alone: its attention comes with an explanation there."""
+    classifier answers /v1/classify alone: its attention comes with an explanation there. An upload endpoint is
+    answered by the models whose input kind declares it."""
     model = m.model
-    if CAPABILITY[endpoint] not in model.capabilities:
+    if endpoints()[endpoint] not in model.capabilities:
         return False
     if "classify" in model.capabilities:
         return endpoint == "/v1/classify"
+    if endpoint not in CAPABILITY:
+        return model.kind.upload is not None and model.kind.upload.path == endpoint
     if endpoint in ("/v1/attention", "/v1/score") and not model.kind.json_inputs:
         return False
     if endpoint == "/v1/score":
-        return "caption" not in model.capabilities  # a captioner's sources are images: not sent as JSON
+        return model.kind.json_scores
     if endpoint == "/v1/positional":
         return any(positional_encoding(model, side) is not None for side in ("source", "target"))
     return True
@@ -152,9 +174,8 @@ def describe(m, default: bool) -> dict:
     kind = model.kind
     cfg = getattr(model.module, "cfg", None)
     positional = getattr(cfg, "positional", None) if positional_encoding(model, "target") is not None else None
-    decode = {"beam": d.beam_size, "len_penalty": d.len_penalty, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
-    if "caption" in model.capabilities:
-        decode["max_caption_len"] = d.max_caption_len
+    decode = {"beam": d.beam_size, "len_penalty": d.len_penalty, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b,
+              **kind.decode_settings(model)}
     m.info = {"name": m.name, "family": model.family, "capabilities": sorted(model.capabilities),
               "path": str(model.path), "decode": decode, "attention": counts, **kind.describe(model),
               "positional": positional, "max_positions": getattr(cfg, "max_positions", None),
@@ -182,14 +203,9 @@ def _describe_classifier(m) -> dict:
 def run_batch(batch: list[Job], settings) -> list:
     """-> one answer (a JSON-able dict, or an exception) per job."""
     kind = batch[0].kind
-    if kind == "translate":
-        return run_translate(batch, settings)
-    if kind == "classify":
-        return run_classify(batch, settings)
-    if kind == "answer":
-        return run_answer(batch, settings)
-    if kind == "transcribe":
-        return run_transcribe(batch, settings)
+    batched = {"translate": run_translate, "classify": run_classify, "upload": run_upload}.get(kind)
+    if batched is not None:  # the jobs that share batches
+        return batched(batch, settings)
     job = batch[0]
     try:
         return [RUNNERS[kind](job, settings)]
@@ -199,21 +215,17 @@ def run_batch(batch: list[Job], settings) -> list:
         raise ApiError(422, f"request: {' '.join(str(e).split())}") from None
 
 
-def _rounded(t: torch.Tensor, decimals: int = 4):
-    return torch.round(t.double(), decimals=decimals).tolist()
-
-
-def _score(x: float) -> float:
-    return round(float(x), 6) if x == x and abs(x) != float("inf") else -1e30
-
-
 def run_translate(jobs: list[Job], settings) -> list:
     m = jobs[0].served
     model = m.model
     _, _, beam, len_penalty, n_best, attention = jobs[0].key
     sentences = [s for j in jobs for s in j.payload.sentences]
     owners = [(j, i) for j in jobs for i in range(len(j.payload.sentences))]
-    on_step = _step_events(model, jobs, owners, beam) if any(j.streaming for j in jobs) else None
+    on_step = None
+    if any(j.streaming for j in jobs):
+        # each sentence's source positions (EOS included): a batch's attention rows are padded past them
+        lengths = [len(ids) + 1 for ids in model.tokenizers.src.encode([j.payload.sentences[i] for j, i in owners])]
+        on_step = step_events(model.target_tokenizer, jobs, owners, lengths)
     results = model.translate(sentences, beam=beam, len_penalty=len_penalty, n_best=n_best,
                               batch_tokens=settings.max_batch_tokens, details=True, need_weights=attention,
                               on_step=on_step)
@@ -243,12 +255,11 @@ def translate_answer(m, translations, n_best: int, attention: bool) -> dict:
     return out
 
 
-def _step_events(model, jobs: list[Job], owners: list[tuple[Job, int]], beam: int):
-    """The on_step of a translation batch: a ``step`` event per live sentence of each streaming request; stops
-    the search (:class:`Abandoned`) once every request of the batch has left."""
-    tgt = model.tokenizers.tgt
-    # each request's sentences' source lengths (EOS included): a batch's attention rows are padded past them
-    lengths = [len(ids) + 1 for ids in model.tokenizers.src.encode([j.payload.sentences[i] for j, i in owners])]
+def step_events(tgt, jobs: list[Job], owners: list[tuple[Job, int]], lengths: list[int]):
+    """The ``on_step`` of a decoding batch (:meth:`attnkit.api.Model.translate`'s, and an upload's that streams):
+    a ``step`` event per live input of each streaming request; stops the search (:class:`Abandoned`) once every
+    request of the batch has left. ``tgt``: the tokenizer of the output; ``owners``: each batch row's request and
+    its index there; ``lengths``: each row's source positions (a batch's attention rows are padded past them)."""
 
     def hypothesis(ids: list[int]) -> dict:
         return {"tokens": list(tgt.id_to_piece(ids)), "text": tgt.decode(ids)}
@@ -282,7 +293,7 @@ def _step_events(model, jobs: list[Job], owners: list[tuple[Job, int]], beam: in
                 attn = None if step.attention is None else step.attention[p * k]
             event = {"sentence": local, "step": step.t, "token": tgt.id_to_piece([ids[-1]])[0] if ids else "",
                      **hypothesis(ids), "score": _score(score), "done": done}
-            if beam > 1:
+            if k > 1:
                 event["beams"] = [{**hypothesis(h), "score": _score(s)} for h, s in zip(histories, scores[p])
                                   if s != float("-inf")]
             if attn is not None:
@@ -320,22 +331,6 @@ def run_classify(jobs: list[Job], settings) -> list:
         answers.append(out)
         start += n
     return answers
-
-
-def run_answer(jobs: list[Job], settings) -> list:
-    """Every request's question about its image answered in one batch (:meth:`attnkit.api.Model.answer`), then
-    each request's answer with each glimpse's map over the image grid."""
-    from contextlib import ExitStack
-
-    if all(j.cancelled for j in jobs):
-        raise Abandoned
-    m = jobs[0].served
-    with ExitStack() as files:
-        paths = [files.enter_context(m.model.kind.opened(j.payload["image"])) for j in jobs]
-        answers = m.model.answer(paths, [j.payload["question"] for j in jobs])
-    grid = m.model.kind.grid(m.model)
-    return [{"model": m.name, "question": j.payload["question"], **a.to_json(), "grid": grid}
-            for j, a in zip(jobs, answers)]
 
 
 # --- language models
@@ -425,36 +420,32 @@ def _steps_top(model, tok, ids: list[int], new: list[int], body, window) -> list
 # --- captioners, attention, scores, positions
 
 
-def run_caption(job: Job, settings) -> dict:
-    m, p = job.served, job.payload
-    with m.model.kind.opened(p["image"]) as path:
-        c = m.model.caption(path, beam=p["beam"], details=True)
-    h = c.hypotheses[0]
-    out = {"model": m.name, "caption": c.text[0], "words": list(m.model.tokenizers.id_to_piece(h.tokens)) + ["<end>"],
-           "score": _score(h.score), **m.model.kind.describe(m.model)}
-    if p["attention"]:
-        out["attention"] = [] if h.attention is None else _rounded(h.attention)
-    return out
-
-
-def run_transcribe(batch: list[Job], settings) -> list:
-    """Jobs of one key (model, beam, attention) transcribed together: each job's audio is one utterance (already
-    read and checked: :meth:`attnkit.kinds.speech.SpeechKind.read_upload`)."""
-    m, p = batch[0].served, batch[0].payload
+def run_upload(jobs: list[Job], settings) -> list:
+    """A batch of uploads to one model (of one key), answered by the model's input kind
+    (:meth:`~attnkit.kinds.InputKind.answer_uploads`); a streaming request's steps go as events. Where the batch
+    fails on one request's input (a file the API cannot read after all), each request is answered alone, so that
+    the others get their answers."""
+    if all(j.cancelled for j in jobs):
+        raise Abandoned
+    m = jobs[0].served
     model = m.model
-    out = model.transcribe([j.payload["audio"] for j in batch], beam=p["beam"], details=True)
-    answers = []
-    for job, t in zip(batch, out):
-        h = t.hypotheses[0]
-        answer = {"model": m.name, "transcript": t.text[0],
-                  "characters": list(model.tokenizers.id_to_piece(h.tokens)) + ["<end>"], "score": _score(h.score),
-                  "frames": [list(span) for span in model.kind.spans(model, t.frames)],
-                  "seconds": round(t.frames / 100, 2),
-                  "spectrogram": _rounded(model.kind.features(model, job.payload["audio"]), 2)}
-        if job.payload["attention"]:
-            answer["attention"] = [] if h.attention is None else _rounded(h.attention)
-        answers.append(answer)
-    return answers
+    on_step = None
+    if any(j.streaming for j in jobs):
+        lengths = [model.kind.length(model, j.payload["input"]) for j in jobs]
+        on_step = step_events(model.target_tokenizer, jobs, [(j, 0) for j in jobs], lengths)
+    try:
+        return model.kind.answer_uploads(model, m.name, [j.payload for j in jobs], on_step)
+    except (ApiError, AttnkitError):
+        if len(jobs) == 1:
+            raise
+    return [_alone(j, settings) for j in jobs]
+
+
+def _alone(job: Job, settings):
+    try:
+        return run_upload([job], settings)[0]
+    except (ApiError, AttnkitError, Abandoned) as e:  # its own error (or its client left): the others go on
+        return e
 
 
 def run_attention(job: Job, settings) -> dict:
@@ -508,5 +499,5 @@ def run_positional(job: Job, settings) -> dict:
             "matrix": _rounded(matrix), "dot": _rounded(matrix @ matrix.T)}
 
 
-RUNNERS = {"generate": run_generate, "caption": run_caption, "attention": run_attention, "score": run_score,
-           "positional": run_positional}
+# the jobs that run one at a time, by the job's kind
+RUNNERS = {"generate": run_generate, "attention": run_attention, "score": run_score, "positional": run_positional}

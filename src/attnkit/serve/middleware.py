@@ -14,9 +14,9 @@ from starlette.exceptions import HTTPException
 
 log = logging.getLogger("attnkit.serve")
 
-ENDPOINTS = {"/health", "/metrics", "/docs", "/openapi.json", "/v1/models", "/v1/translate", "/v1/generate",
-             "/v1/caption", "/v1/attention", "/v1/score", "/v1/positional", "/v1/classify",
-             "/v1/answer", "/v1/transcribe"}
+# the paths every server answers; an app adds its input kinds' upload endpoints (attnkit.serve.app)
+ENDPOINTS = frozenset({"/health", "/metrics", "/docs", "/openapi.json", "/v1/models", "/v1/translate",
+                       "/v1/generate", "/v1/attention", "/v1/score", "/v1/positional", "/v1/classify"})
 
 
 class BodyTooLarge(HTTPException):
@@ -33,9 +33,9 @@ class BodyTooSlow(HTTPException):
         super().__init__(408, f"body: not received within {seconds:g} s")
 
 
-def endpoint_of(path: str) -> str:
+def endpoint_of(path: str, endpoints=ENDPOINTS) -> str:
     """A metrics label with few values: the API's paths as they are, everything else as static or other."""
-    if path in ENDPOINTS:
+    if path in endpoints:
         return path
     if path.startswith("/v1/"):
         return "other"
@@ -43,14 +43,16 @@ def endpoint_of(path: str) -> str:
 
 
 class GuardMiddleware:
-    def __init__(self, app, settings, metrics):
+    """``endpoints``: the app's paths (metrics labels); ``limits``: {path: the most bytes its body may have} where
+    that is not a JSON body's limit (the uploads: their files' limits and room for the form's other fields)."""
+
+    def __init__(self, app, settings, metrics, endpoints=ENDPOINTS, limits: dict | None = None):
         self.app, self.settings, self.metrics = app, settings, metrics
+        self.endpoints, self.limits = endpoints, limits or {}
 
     def _limit(self, path: str) -> int:
-        if path in ("/v1/caption", "/v1/answer"):
-            return self.settings.max_image_bytes + 65536  # the form's other fields and boundaries
-        if path == "/v1/transcribe":
-            return self.settings.max_audio_bytes + 65536
+        if path in self.limits:
+            return self.limits[path]
         if path == "/v1/attention":
             return self.settings.max_body_bytes + self.settings.max_image_bytes * 4 // 3 + 1024  # base64
         return self.settings.max_body_bytes
@@ -68,7 +70,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start, path = time.perf_counter(), scope.get("path", "")
-        endpoint = endpoint_of(path)
+        endpoint = endpoint_of(path, self.endpoints)
         state = {"status": 0, "started": False, "recorded": False}
 
         def record(status: int) -> None:

@@ -16,12 +16,21 @@ limits are. This document is written from the served models and :class:`~attnkit
 
 from __future__ import annotations
 
+from attnkit import registry
 from attnkit.kinds.schema import BOOLEAN, INTEGER, NUMBER, STRING
 from attnkit.kinds.schema import array as _array
 from attnkit.kinds.schema import nullable as _nullable
+from attnkit.kinds.schema import obj as _obj
 from attnkit.kinds.schema import text as _text
 from attnkit.kinds.text import learned_positions
-from attnkit.serve.compute import classify_token_limit, default_for, positional_encoding, reads_pairs, serves
+from attnkit.serve.compute import (
+    classify_token_limit,
+    default_for,
+    positional_encoding,
+    reads_pairs,
+    serves,
+    uploads,
+)
 from attnkit.serve.settings import Settings
 
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -39,13 +48,6 @@ STATUS_TEXT = {
 }
 GET_ERRORS = (400, 408, 413, 500)  # the guard in front of every path reads headers and bodies on GETs too
 POST_ERRORS = (400, 404, 408, 413, 422, 429, 500, 504)
-
-
-def _obj(properties: dict, required=(), closed: bool = True, **more) -> dict:
-    out = {"type": "object", "properties": properties, "required": list(required), **more}
-    if closed:
-        out["additionalProperties"] = False
-    return out
 
 
 # --- what the models can take
@@ -176,6 +178,17 @@ def _classify(m, default: str, s: Settings) -> dict:
         **{"x-rules": rules})
 
 
+def _form(upload, names: list[str], first: str, settings: Settings) -> dict:
+    """The multipart body of an upload endpoint (:class:`attnkit.kinds.upload.Upload`) whose models are ``names``,
+    ``first`` the one a form naming none gets."""
+    properties = {f.name: f.json_schema(settings) for f in upload.form_fields}
+    properties["model"] = {"type": "string", "enum": [*names, ""],
+                           "description": f"{upload.model} (empty or absent: {first})"}
+    form = _obj(properties, [f.name for f in upload.fields if f.required])
+    return {"required": True, "content": {"multipart/form-data": {
+        "schema": form, "encoding": {f.name: {"contentType": f.media} for f in upload.files}}}}
+
+
 BODIES = {"/v1/translate": _translate, "/v1/generate": _generate, "/v1/attention": _attention,
           "/v1/score": _score, "/v1/positional": _positional, "/v1/classify": _classify}
 
@@ -184,7 +197,13 @@ BODIES = {"/v1/translate": _translate, "/v1/generate": _generate, "/v1/attention
 
 
 def _answers() -> dict:
-    """The 200 answers' schemas (the contract in :mod:`attnkit.serve.app`'s docstring)."""
+    """The 200 answers' schemas (the contract in :mod:`attnkit.serve.app`'s docstring); what a model's entry of
+    /v1/models says of its input kind, and an upload's answer, each kind's own."""
+    described, decoding = {}, {}
+    for kind in registry.kinds():
+        entry, decode = kind.describe_schema()
+        described.update(entry)
+        decoding.update(decode)
     words = _array(STRING)
     matrix = _array(_array(NUMBER))
     maps = _array(_array(matrix))  # [layer][head][query][key]
@@ -198,14 +217,13 @@ def _answers() -> dict:
         "Models": _obj({"models": _array(_obj({
             "name": STRING, "family": STRING, "default": BOOLEAN, "capabilities": words, "path": STRING,
             "decode": _nullable(_obj({"beam": INTEGER, "len_penalty": NUMBER, "max_len_a": NUMBER,
-                                      "max_len_b": NUMBER, "max_caption_len": INTEGER},
+                                      "max_len_b": NUMBER, **decoding},
                                      ["beam", "len_penalty", "max_len_a", "max_len_b"])),
             "attention": {"type": "object", "additionalProperties": _obj({"layers": INTEGER, "heads": INTEGER},
                                                                          ["layers", "heads"])},
             "grid": _nullable(grid), "positional": _nullable(STRING), "max_positions": _nullable(INTEGER),
             "example": _nullable(STRING), "example_pair": _nullable(STRING), "labels": words,
-            "problem": {"enum": ["classification", "regression"]}, "pairs": BOOLEAN, "answers": words,
-            "glimpses": {**INTEGER, "description": "a VQA model's attention maps over the grid (0: none)"}},
+            "problem": {"enum": ["classification", "regression"]}, "pairs": BOOLEAN, **described},
             ["name", "family", "default", "capabilities", "path", "decode", "attention", "grid", "positional",
              "max_positions", "example"]))}, ["models"]),
         "Translation": _obj({
@@ -219,12 +237,6 @@ def _answers() -> dict:
                 _array({"type": ["string", "number"]}, minItems=3, maxItems=3,
                        description="[piece, model probability, sampling probability]"))},
                 ["token", "top"]))}, ["model", "text", "completion", "tokens", "score"]),
-        "Caption": _obj({"model": STRING, "caption": STRING, "words": words, "score": NUMBER, "grid": grid,
-                         "attention": matrix}, ["model", "caption", "words", "score", "grid"]),
-        "Transcript": _obj({"model": STRING, "transcript": STRING, "characters": words, "score": NUMBER,
-                            "frames": _array(_array(NUMBER)), "seconds": NUMBER, "attention": matrix,
-                            "spectrogram": matrix},
-                           ["model", "transcript", "characters", "score", "frames", "seconds"]),
         "Attention": _obj({
             "model": STRING, "family": STRING, "source": words, "target": words, "output": STRING,
             "score": NUMBER, "encoder": maps, "decoder": maps, "cross": maps, "grid": _nullable(grid),
@@ -249,15 +261,9 @@ def _answers() -> dict:
                 "attention": maps, "rollout": matrix},
                 ["pieces", "token_types", "label", "value", "occlusion", "attention", "rollout"])},
             ["model", "results"]),
-        "Answer": _obj({
-            "model": STRING, "question": STRING, "answer": STRING, "probability": NUMBER,
-            "probabilities": {"type": "object", "additionalProperties": NUMBER, "description": "answer -> probability"},
-            "glimpses": _nullable(_array(matrix, description="per glimpse: its weights over the grid's rows and "
-                                                             "columns (null: the question-only baseline)")),
-            "unknown_words": words, "grid": grid},
-            ["model", "question", "answer", "probability", "probabilities", "glimpses", "unknown_words", "grid"]),
         "Positional": _obj({"model": STRING, "kind": _nullable(STRING), "d_model": INTEGER, "matrix": matrix,
                             "dot": matrix}, ["model", "kind", "d_model", "matrix", "dot"]),
+        **{upload.answer: upload.answer_schema for upload in uploads().values()},
     }
 
 
@@ -317,46 +323,13 @@ def openapi_document(served: dict, default: str, settings: Settings, version: st
         streams = path in ("/v1/translate", "/v1/generate")
         paths[path] = {"post": operation(path.rsplit("/", 1)[1].capitalize(),
                                          _responses(POST_ERRORS + extra, answers[path], streams, retry=True), body)}
-    captioners = [m.name for m in served.values() if serves(m, "/v1/caption")]
-    if captioners:
-        first = default_for(served, default, "/v1/caption")
-        form = _obj({
-            "image": {"type": "string", "format": "binary", "description": f"the image file (PNG, JPEG, ...); at "
-                      f"most {settings.max_image_bytes} bytes and {settings.max_image_pixels} pixels (more: 413)"},
-            "model": {"type": "string", "enum": [*captioners, ""],
-                      "description": f"a captioner (empty or absent: {first})"},
-            "beam": {"type": "integer", "minimum": 1, "maximum": settings.max_beam},
-            "attention": {"type": "boolean", "default": True}}, ["image"])
-        body = {"required": True, "content": {"multipart/form-data": {
-            "schema": form, "encoding": {"image": {"contentType": "image/*"}}}}}
-        paths["/v1/caption"] = {"post": operation("Caption", _responses(POST_ERRORS + extra, "Caption", retry=True),
-                                                  body)}
-    answerers = [m for m in served.values() if serves(m, "/v1/answer")]
-    if answerers:
-        first = default_for(served, default, "/v1/answer")
-        form = answerers[0].model.kind.answer_schema(answerers[0].model, settings)
-        form["properties"]["model"] = {"type": "string", "enum": [m.name for m in answerers] + [""],
-                                       "description": f"a VQA model (empty or absent: {first})"}
-        form["additionalProperties"] = False
-        body = {"required": True, "content": {"multipart/form-data": {
-            "schema": form, "encoding": {"image": {"contentType": "image/*"}}}}}
-        paths["/v1/answer"] = {"post": operation("Answer", _responses(POST_ERRORS + extra, "Answer", retry=True),
-                                                 body)}
-    transcribers = [m.name for m in served.values() if serves(m, "/v1/transcribe")]
-    if transcribers:
-        first = default_for(served, default, "/v1/transcribe")
-        form = _obj({
-            "audio": {"type": "string", "format": "binary", "description": f"the audio file (WAV, FLAC, OGG); at "
-                      f"most {settings.max_audio_bytes} bytes and {settings.max_audio_seconds:g} s (more: 413); "
-                      "not audio, empty, silent, truncated or at a rate below the model's: 422"},
-            "model": {"type": "string", "enum": [*transcribers, ""],
-                      "description": f"a speech model (empty or absent: {first})"},
-            "beam": {"type": "integer", "minimum": 1, "maximum": settings.max_beam},
-            "attention": {"type": "boolean", "default": True}}, ["audio"])
-        body = {"required": True, "content": {"multipart/form-data": {
-            "schema": form, "encoding": {"audio": {"contentType": "audio/*"}}}}}
-        paths["/v1/transcribe"] = {"post": operation("Transcribe", _responses(POST_ERRORS + extra, "Transcript",
-                                                                              retry=True), body)}
+    for path, upload in uploads().items():
+        names = [m.name for m in served.values() if serves(m, path)]
+        if not names:
+            continue
+        body = _form(upload, names, default_for(served, default, path), settings)
+        paths[path] = {"post": operation(upload.summary, _responses(POST_ERRORS + extra, upload.answer,
+                                                                     upload.streams, retry=True), body)}
     document = {
         "openapi": "3.1.0",
         "info": {"title": "attnkit serve", "version": version,

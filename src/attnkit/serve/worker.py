@@ -44,7 +44,7 @@ class Abandoned(Exception):
 
 @dataclass(eq=False)
 class Job:
-    kind: str  # translate, generate, caption, attention, score, positional, classify
+    kind: str  # translate, generate, attention, score, positional, classify, upload
     served: object  # the ServedModel
     payload: object
     key: tuple | None = None  # requests with the same key share batches; None: alone
@@ -93,7 +93,7 @@ def describe_error(error: BaseException) -> tuple[int, str]:
     if isinstance(error, ApiError):
         return error.status, error.message
     if isinstance(error, AttnkitError):
-        return 422, str(error)
+        return getattr(error, "status", 422), str(error)
     return 500, "internal: the server failed on this request (see its log)"
 
 
