@@ -245,7 +245,8 @@ def _answers() -> dict:
             "explanation": _obj({
                 "pieces": words, "token_types": _array(INTEGER), "label": STRING,
                 "value": {**NUMBER, "description": "the label's probability (a regressor's score)"},
-                "occlusion": _array(NUMBER, description="per piece: value less the value without it"),
+                "occlusion": _array(NUMBER, description="per piece: the label's log-odds (a regressor's score) less "
+                                                        "they without it"),
                 "attention": maps, "rollout": matrix},
                 ["pieces", "token_types", "label", "value", "occlusion", "attention", "rollout"])},
             ["model", "results"]),
