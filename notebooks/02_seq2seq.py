@@ -15,7 +15,8 @@
 # the output from that vector alone. RNNsearch (Bahdanau et al. 2014) keeps every encoder state (the annotations)
 # and lets the decoder look back at them at every step with an additive score: attention. We train both on the same
 # task for the same time, plot exact-match accuracy against the input's length (the lectures' BLEU-versus-length
-# figure, in miniature), draw RNNsearch's alignment matrix, and you write the additive score yourself.
+# figure, in miniature), draw RNNsearch's alignment matrix, and you write the additive score and a beam search step
+# yourself.
 #
 # The task is attnkit's built-in dates (`"Tuesday, March 4th 1997"` -> `"1997-03-04"`), generated from a seed:
 # a translation task whose right alignment is obvious.
@@ -38,6 +39,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import attnkit
+import attnkit.check
 from attnkit.config import config_from_dict
 from attnkit.data import generate_dates
 from attnkit.nn.attention import AdditiveScore
@@ -177,3 +179,41 @@ cases = {"random inputs": (torch.randn(3, 4, d_q, generator=g), torch.randn(3, 7
          "one key": (torch.randn(2, 3, d_q, generator=g), torch.randn(2, 1, d_k, generator=g)),
          "the trained model's s_0 and annotations of '4.3.1997'": (state.h[-1][:, None], state.memory.states)}
 print(check_additive(my_additive_score, trained, cases))
+
+
+# %% [markdown]
+# ## Greedy decoding and beam search
+#
+# Greedy decoding writes the most likely character at each step and never looks back. Beam search keeps the k best
+# partial outputs (beams): at each step every beam is extended by every token, each extension scored by the beam's
+# log-probability plus the token's, and the k best extensions over all beams survive.
+#
+# ### Exercise: one beam search step
+#
+# Write `my_beam_step(scores, log_probs, k)`: scores [B, K] (each sentence's K beams' log-probabilities so far),
+# log_probs [B, K, V] (the next token's log-probabilities after each beam) -> (new scores [B, k], the beam each
+# survivor extends [B, k], its token [B, k]), best first. `attnkit.check.beam_search_step` runs it on random beams,
+# the first step (one beam), dead beams (score -inf), k = 1 and a long vocabulary, and names the usual mistakes.
+
+# %%
+def my_beam_step(scores, log_probs, k):
+    # BEGIN SOLUTION
+    b, beams, v = log_probs.shape
+    totals = (scores[:, :, None] + log_probs).reshape(b, beams * v)  # every one-token extension of every beam
+    best, flat = totals.topk(k, dim=1)  # [B, k], best first
+    return best, flat // v, flat % v
+    # END SOLUTION
+
+
+# %%
+print(attnkit.check.beam_search_step(my_beam_step))
+
+# %% [markdown]
+# The same search, attnkit's, on the trained RNNsearch: a wider beam changes a few outputs (here, exact match on the
+# held-out dates).
+
+# %%
+for beam in (1, 3):
+    outputs = models["RNNsearch"].translate(test.src[:200], beam=beam)
+    right = sum(out == ref for out, ref in zip(outputs, test.tgt[:200]))
+    print(f"beam {beam}: exact match {right / len(outputs):.1%} on {len(outputs)} dates")

@@ -119,7 +119,7 @@ show(0)
 FUNCTION_WORDS = {"a", "an", "the", "of", "in", "on", "at", "to", "with", "and", "is", "are", "its", "his", "her",
                   "their", "into", "for", "while", "from", "by", "<unk>"}
 mistake = None
-for i, (c, refs) in enumerate(zip(captions, references)):
+for i, refs in enumerate(references):
     said = set(" ".join(refs).lower().replace(".", " ").replace(",", " ").split())
     words = captioner.tokenizers.id_to_piece(captions[i].hypotheses[0].tokens)
     wrong = [t for t, w in enumerate(words) if w not in said and w not in FUNCTION_WORDS]

@@ -49,7 +49,6 @@ import attnkit
 from attnkit.config import load_config
 from attnkit.data import WordPiece
 from attnkit.data.corpus import resolve_data_dir
-from attnkit.data.wordpiece import collate_sentences
 from attnkit.decode.explain import attention_rollout, explain
 from attnkit.models.bert import load_bert, minilm_dir
 from attnkit.train import Trainer
@@ -118,7 +117,8 @@ plt.show()
 
 # %%
 TRAIN_SLICE, DEV_SLICE = (4000, 872) if full else (64, 48)
-steps = dict(max_minutes=3.0, fit_schedule="true", warmup_steps=30) if full else dict(max_steps=4, warmup_steps=1, batch_size=16)
+steps = (dict(max_minutes=3.0, fit_schedule="true", warmup_steps=30) if full else
+         dict(max_steps=4, warmup_steps=1, batch_size=16))
 common = [f"data.max_train_pairs={TRAIN_SLICE}", f"data.max_valid_pairs={DEV_SLICE}", "train.eval_every=0",
           "train.progress=false", "train.log_every=10"] + ([] if full else ["train.fast=[]"])  # no timed choices
 common += [f"train.{k}={v}" for k, v in steps.items()]
@@ -159,7 +159,8 @@ lm = Trainer(pretrain_cfg, pretrain_run, data_dir=str(slice_dir)).train()
 print(f"WikiText-2 LM: {lm['step']} steps in {lm['train_minutes']:.1f} min, validation perplexity "
       f"{lm['valid_ppl']:.0f}")
 
-gpt_steps = dict(max_minutes=1.5, fit_schedule="true", warmup_steps=10) if full else dict(max_steps=4, warmup_steps=1, batch_size=16)
+gpt_steps = (dict(max_minutes=1.5, fit_schedule="true", warmup_steps=10) if full else
+             dict(max_steps=4, warmup_steps=1, batch_size=16))
 gpt_common = [f"model.pretrained={json.dumps(str(pretrain_run))}", "train.lr=2e-4" if full else "train.lr=1e-3",
               "train.max_epochs=0"] + common[:-len(steps)] + [f"train.{k}={v}" for k, v in gpt_steps.items()]
 accuracy = {"MiniLM (pretrained BERT)": sst2["valid_accuracy"]}
@@ -186,8 +187,8 @@ plt.show()
 #
 # **Occlusion** (Zeiler & Fergus 2014) hides one word piece from every attention and measures how much the
 # prediction drops. attnkit measures the drop in the predicted label's **log-odds**, log(p / (1 - p)): for a
-# confident prediction p = 0.9993 hardly moves whatever is hidden (to 0.9991), while its log-odds (7.3) move to 7.1 for
-# a word that does not matter and to 2.0 for the word the prediction rests on. **Attention rollout** (Abnar &
+# confident prediction p = 0.9993 hardly moves whatever is hidden (to 0.9991), while its log-odds (7.3) move to 7.1
+# for a word that does not matter and to 2.0 for the word the prediction rests on. **Attention rollout** (Abnar &
 # Zuidema 2020) follows attention through the layers: average the heads, add the residual connection as the
 # identity, renormalise, and multiply the layers' matrices; row [CLS] says how much of each piece reaches the
 # representation at [CLS].

@@ -40,7 +40,6 @@ import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 import torch.nn.functional as F
 
