@@ -69,7 +69,7 @@ full = BUDGET == "full"
 SIZES = dict(embedding_size=64, hidden_size=128) if full else dict(embedding_size=32, hidden_size=48)
 TRAIN = dict(max_tokens=1024, lr=3e-3, warmup_steps=100 if full else 10, schedule="cosine", min_lr=1e-4,
              max_steps=100000 if full else 40, max_minutes=1.5 if full else 0.0, fit_schedule=full,
-             eval_every=0, save_every=0, eval_bleu=False, label_smoothing=0.0, log_every=50, keep_last=1,
+             eval_every=10**6, save_every=0, eval_bleu=False, label_smoothing=0.0, log_every=50, keep_last=1,
              progress=False, clip_norm=1.0)
 
 

@@ -67,7 +67,7 @@ else:
     from attnkit.train import Trainer
 
     overrides = ["model.hidden_size=256", "model.attention_size=256", "model.dropout=0.3", "data.image_size=224",
-                 f"data.feature_cache={ROOT / 'runs' / 'features'}", "train.progress=false", "train.eval_every=0",
+                 f"data.feature_cache={ROOT / 'runs' / 'features'}", "train.progress=false", "train.eval_every=1000000",
                  "train.save_every=0", "train.eval_bleu=false", "train.average_last=0"]
     overrides += (["data.max_train_pairs=1000", "data.max_valid_pairs=100", "data.min_word_count=3",
                    "train.max_minutes=3"] if full else

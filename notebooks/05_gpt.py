@@ -57,11 +57,11 @@ print(f"budget: {BUDGET}, torch threads: {torch.get_num_threads()}")
 # %%
 if BUDGET == "full":
     overrides = ["model.d_model=128", "model.d_ff=512", "model.dropout=0.0", "train.lr=2e-3",
-                 "train.max_minutes=3", "train.eval_every=0", "train.save_every=0", "train.log_every=50"]
+                 "train.max_minutes=3", "train.eval_every=1000000", "train.save_every=0", "train.log_every=50"]
 else:
     overrides = ["model.d_model=64", "model.n_layers=2", "model.d_ff=256", "model.dropout=0.0",
                  "train.max_steps=150", "train.fit_schedule=false", "train.warmup_steps=20", "train.lr=3e-3",
-                 "train.max_tokens=1024", "train.eval_every=0", "train.save_every=0", "train.log_every=10",
+                 "train.max_tokens=1024", "train.eval_every=1000000", "train.save_every=0", "train.log_every=10",
                  "data.max_valid_pairs=8"]
 cfg = load_config(ROOT / "configs" / "tinyshakespeare_char.toml", overrides + ["train.progress=false"])
 run_dir = RUNS / "05_gpt"

@@ -119,7 +119,7 @@ plt.show()
 TRAIN_SLICE, DEV_SLICE = (4000, 872) if full else (64, 48)
 steps = (dict(max_minutes=3.0, fit_schedule="true", warmup_steps=30) if full else
          dict(max_steps=4, warmup_steps=1, batch_size=16))
-common = [f"data.max_train_pairs={TRAIN_SLICE}", f"data.max_valid_pairs={DEV_SLICE}", "train.eval_every=0",
+common = [f"data.max_train_pairs={TRAIN_SLICE}", f"data.max_valid_pairs={DEV_SLICE}", "train.eval_every=1000000",
           "train.progress=false", "train.log_every=10"] + ([] if full else ["train.fast=[]"])  # no timed choices
 common += [f"train.{k}={v}" for k, v in steps.items()]
 sst2_run = fresh("06_sst2_minilm")
@@ -153,7 +153,7 @@ lm_steps = (["train.max_minutes=3", "train.fit_schedule=true", "train.max_tokens
             ["train.max_steps=20", "train.max_minutes=0", "train.warmup_steps=5", "train.max_tokens=1024"])
 pretrain_run = fresh("06_wikitext_lm")
 pretrain_cfg = load_config(ROOT / "configs" / "transfer_pretrain_wikitext2.toml",
-                           lm_shape + lm_steps + ['data.spm_model=""', "train.eval_every=0", "train.save_every=0",
+                           lm_shape + lm_steps + ['data.spm_model=""', "train.eval_every=1000000", "train.save_every=0",
                                                   "train.progress=false", "model.dropout=0.0", "train.lr=2e-3"])
 lm = Trainer(pretrain_cfg, pretrain_run, data_dir=str(slice_dir)).train()
 print(f"WikiText-2 LM: {lm['step']} steps in {lm['train_minutes']:.1f} min, validation perplexity "

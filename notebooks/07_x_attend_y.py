@@ -64,7 +64,7 @@ def train(config: str, name: str, overrides: list[str]) -> Path:
     """A fresh run of ``configs/config`` with ``overrides``, in runs/notebooks/name."""
     run_dir = RUNS / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    cfg = load_config(ROOT / "configs" / config, overrides + ["train.progress=false", "train.eval_every=0",
+    cfg = load_config(ROOT / "configs" / config, overrides + ["train.progress=false", "train.eval_every=1000000",
                                                              "train.save_every=0"])
     result = Trainer(cfg, run_dir).train()
     scores = {k: round(v, 3) for k, v in result.items() if k.startswith("valid_")}
