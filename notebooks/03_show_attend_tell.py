@@ -17,9 +17,9 @@
 # about it.
 #
 # **Which model:** the recipe's run `runs/flickr8k_sat` (`make flickr8k`, 45 minutes, COCO BLEU-4 21.7 on dev) if it
-# exists; otherwise a small Show-Attend-Tell trained here on cached grids (full budget: 1,000 training images,
-# 3 minutes; small budget: 40 images, a few steps, which learns only the most frequent words). The notebook prints
-# which.
+# exists (at either budget); otherwise a small Show-Attend-Tell trained here on cached grids (full budget: 1,000
+# training images, 3 minutes; small budget: 40 images, a few steps, which learns only the most frequent words). The
+# notebook prints which.
 #
 # **Needs:** `flickr8k/` (images and captions) in attnkit's data directory (`ATTNKIT_DATA`, else `../shared/data`;
 # `attnkit data fetch flickr8k`), the EfficientNet-Lite0 weights that attnkit installs, matplotlib. The CNN grids are
@@ -61,7 +61,7 @@ print(f"budget: {BUDGET}, torch threads: {torch.get_num_threads()}")
 
 # %%
 recipe = ROOT / "runs" / "flickr8k_sat"
-if (recipe / "checkpoints").is_dir() and full:
+if (recipe / "checkpoints").is_dir():  # at either budget: it costs only loading
     run_dir, which = recipe, "the recipe's run (make flickr8k)"
 else:
     from attnkit.train import Trainer
