@@ -13,8 +13,8 @@
 #
 # Xu et al. (2015) caption an image with an LSTM that, before each word, attends over the regions of a CNN's feature
 # grid: the same additive attention as RNNsearch, with image regions in place of source words. We caption Flickr8k
-# images, draw where each word looked (the paper's figure), and look at one mistake and what the attention shows
-# about it.
+# images, draw where each word looked (the paper's figure), look at one mistake and what the attention shows
+# about it, and write the "doubly stochastic" attention penalty yourself.
 #
 # **Which model:** the recipe's run `runs/flickr8k_sat` (`make flickr8k`, 45 minutes, COCO BLEU-4 21.7 on dev) if it
 # exists (at either budget); otherwise a small Show-Attend-Tell trained here on cached grids (full budget: 1,000
@@ -42,6 +42,7 @@ import torch
 import attnkit
 from attnkit.config import load_config
 from attnkit.data import load_image, read_flickr8k
+from attnkit.tokens import BOS, EOS, PAD
 from attnkit.viz import plot_caption_attention
 
 BUDGET = os.environ.get("ATTNKIT_NOTEBOOK_BUDGET", "full")
@@ -154,3 +155,68 @@ else:
 # from the image ("a man in a red shirt" is a likely phrase). Attention is where the model looked, not a proof of
 # why it wrote the word; the recipe's model, trained 45 minutes, makes fewer and more interesting mistakes than the
 # small one.
+
+
+# %% [markdown]
+# ## Where the whole caption looked, and the doubly stochastic penalty
+#
+# Summing alpha_ti over the words t gives each region's total attention over the caption. Xu et al. add
+# lambda sum_i (1 - sum_t alpha_ti)^2 to the loss (their eq. 14): every region should get about one word's worth of
+# attention over the caption, so the model cannot describe one region all along and ignore the rest.
+#
+# ### Exercise: the attention penalty
+#
+# Write `my_penalty(alphas, targets, lam)`: alphas [B, T, L] (each word's attention over the L regions), targets
+# [B, T] (the words, PAD = 0 after a caption's end: a padded position's attention does not count) -> the scalar
+# lambda sum_b sum_i (1 - sum_t alpha_bti)^2.
+
+# %%
+def my_penalty(alphas: torch.Tensor, targets: torch.Tensor, lam: float) -> torch.Tensor:
+    # BEGIN SOLUTION
+    real = targets.ne(PAD).unsqueeze(-1)  # [B, T, 1]
+    coverage = (alphas * real).sum(1)  # [B, L]: each region's attention over the caption
+    return lam * ((1.0 - coverage) ** 2).sum()
+    # END SOLUTION
+
+
+# %%
+def check_penalty(fn) -> str:
+    """``fn`` against the captioner's own attention_penalty, on its attention over a dev caption and on a padded
+    batch of random attention."""
+    module = captioner.module
+    lam = module.cfg.attention_penalty
+    ids = captions[0].hypotheses[0].tokens
+    with torch.no_grad():  # the model's attention while reading its own caption of the first image
+        grid = captioner.image_grids([images[0]])
+        alphas = module(grid, torch.tensor([[BOS] + ids]), need_weights=True).attention.cross[0][:, 0]
+    own = (alphas, torch.tensor([ids + [EOS]]))
+    g = torch.Generator().manual_seed(0)
+    padded = torch.randint(4, 50, (3, 6), generator=g)
+    padded[0, 4:], padded[1, 2:] = PAD, PAD
+    cases = {"its attention over its own caption": own,
+             "a padded batch of random attention": (torch.randn(3, 6, 49, generator=g).softmax(-1), padded)}
+    for name, (a, targets) in cases.items():
+        want, got = module.attention_penalty(a, targets), fn(a.clone(), targets.clone(), lam)
+        if torch.as_tensor(got).numel() != 1:
+            return f"{name}: a tensor of shape {tuple(torch.as_tensor(got).shape)}; the penalty is one number"
+        if abs(float(got) - float(want)) > 1e-4 * max(1.0, abs(float(want))):
+            hint = " (are padded positions left out?)" if name.startswith("a padded") else ""
+            return f"{name}: {float(got):.5f}, attnkit's attention_penalty {float(want):.5f}{hint}"
+    return "matches ShowAttendTell.attention_penalty on " + " and on ".join(cases)
+
+
+print(check_penalty(my_penalty))
+
+# %%
+with torch.no_grad():
+    hyp = captions[0].hypotheses[0]
+    coverage = hyp.attention[:-1].sum(0)  # the words' attention summed (the end token left out)
+fig, ax = plt.subplots(figsize=(3.5, 3.5))
+pixels = load_image(images[0]).permute(1, 2, 0).numpy()
+ax.imshow(pixels)
+ax.imshow(torch.nn.functional.interpolate(coverage.view(1, 1, rows, columns), size=pixels.shape[:2],
+                                          mode="bicubic", align_corners=False)[0, 0].clamp(min=0).numpy(),
+          cmap="gray", alpha=0.6)
+ax.set_title(f"sum over the caption's words\n(1 is one word's worth; max {coverage.max():.2f})", fontsize=9)
+ax.axis("off")
+plt.show()
