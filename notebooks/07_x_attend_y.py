@@ -27,9 +27,10 @@
 # `attnkit data fetch fsdd`), the `easy-vqa` package (`pip install 'attnkit[vqa]'`; the package holds its images),
 # matplotlib. Nothing is downloaded.
 #
-# **Runtime on the 2-core machine:** full budget about 7 minutes (each model trains 2.5 minutes at one thread,
-# validation on top); small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`: tiny models, a few steps, which learn nothing
-# yet: the maps are then flat or arbitrary) about 30 seconds.
+# **Runtime on the 2-core machine:** full budget: 4 training minutes for LAS and 2.5 for VQA, or none where the
+# recipes' runs exist; with data preparation and validation, the total is measured by `make notebooks`. Small budget
+# (`ATTNKIT_NOTEBOOK_BUDGET=small`: tiny models, a few steps, which learn nothing yet: the maps are then flat or
+# arbitrary) 24 to 31 seconds, measured on a busy machine.
 #
 # The code it exercises: `src/attnkit/models/las.py`, `src/attnkit/models/vqa.py` (`glimpse_weights`, `glimpses`),
 # docs/speech.md, docs/vqa.md.
@@ -60,32 +61,39 @@ RUNS = ROOT / "runs" / "notebooks"
 print(f"budget: {BUDGET}, torch threads: {torch.get_num_threads()}")
 
 
-def train(config: str, name: str, overrides: list[str]) -> Path:
-    """A fresh run of ``configs/config`` with ``overrides``, in runs/notebooks/name."""
+def recipe_or_train(recipe: str, config: str, name: str, overrides: list[str]) -> Path:
+    """The recipe's run ``runs/recipe`` where it exists (make fsdd-digits, make easy-vqa), else a fresh run of
+    ``configs/config`` with ``overrides``, in runs/notebooks/name."""
+    if (ROOT / "runs" / recipe / "checkpoints").is_dir():
+        print(f"using the recipe's run runs/{recipe}")
+        return ROOT / "runs" / recipe
     run_dir = RUNS / name
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = load_config(ROOT / "configs" / config, overrides + ["train.progress=false", "train.eval_every=1000000",
                                                              "train.save_every=0"])
     result = Trainer(cfg, run_dir).train()
     scores = {k: round(v, 3) for k, v in result.items() if k.startswith("valid_")}
-    print(f"{name}: {result['step']} steps in {result['train_minutes']:.1f} min, {scores}")
+    print(f"trained here, {name}: {result['step']} steps in {result['train_minutes']:.1f} min, {scores}")
     return run_dir
 
 
 # %% [markdown]
 # ## Listen, attend and spell
 #
-# The recipe (`configs/fsdd_digits_las.toml`) trains 20 minutes on strings of 1 to 10 digits; here 2.5 minutes on
-# strings of at most 4 digits, enough to start spelling the shorter ones. The speller's energy is the paper's
-# `<phi(s_i), psi(h_u)>`, a dot product of two small MLPs' outputs.
+# The recipe (`configs/fsdd_digits_las.toml`, `make fsdd-digits`) trains 20 minutes on strings of 1 to 10 digits; the
+# notebook uses its run `runs/fsdd_digits_las` if it exists, else trains a half-width LAS here for 4 minutes on
+# strings of at most 3 digits. LAS is slow to start listening: until its attention finds the alignment it spells
+# the most frequent strings whatever it hears, so a short run may still be at that stage. The speller's energy is
+# the paper's `<phi(s_i), psi(h_u)>`, a dot product of two small MLPs' outputs.
 
 # %%
-las_overrides = (["train.max_minutes=2.5", "data.n_synthetic=2000", "data.max_digits=4", "data.max_valid_pairs=100"]
-                 if full else
+las_overrides = (["train.max_minutes=4", "data.n_synthetic=1500", "data.max_digits=3", "data.max_valid_pairs=100",
+                  "model.listener_size=64", "model.speller_size=128", "train.max_tokens=4000", "train.warmup_steps=30",
+                  "train.lr=3e-3"] if full else
                  ["train.max_steps=6", "train.fit_schedule=false", "train.warmup_steps=2", "data.n_synthetic=24",
                   "data.max_digits=2", "data.max_valid_pairs=8", "model.listener_size=16", "model.speller_size=32",
                   "train.max_tokens=4000"])
-las = attnkit.load(train("fsdd_digits_las.toml", "07_las", las_overrides))
+las = attnkit.load(recipe_or_train("fsdd_digits_las", "fsdd_digits_las.toml", "07_las", las_overrides))
 
 test = read_fsdd_digits(las.config.data, "test")
 utterance, truth = test.audio[0], test.transcripts[0]
@@ -104,14 +112,15 @@ plot_speech_attention(las.kind.features(las, utterance).numpy(), las.tokenizers.
 # ## Show, ask, attend and answer
 #
 # easy-VQA: 64-pixel images of one coloured shape, questions about its colour, its shape, or yes/no. The recipe
-# trains 14 minutes to 99% test accuracy; here 2.5 minutes.
+# (`make easy-vqa`) trains 14 minutes to 99% test accuracy; the notebook uses its run `runs/easy_vqa` if it exists,
+# else trains the same model here for 2.5 minutes.
 
 # %%
 vqa_overrides = (["train.max_minutes=2.5"] if full else
                  ["train.max_steps=6", "train.fit_schedule=false", "train.warmup_steps=2", "data.max_train_pairs=1500",
                   "data.max_valid_pairs=32", "model.cnn_channels=[8, 16, 16]", "model.hidden_size=32",
                   "model.attention_size=32", "model.classifier_size=32", "train.batch_size=32"])
-vqa = attnkit.load(train("easy_vqa.toml", "07_vqa", vqa_overrides))
+vqa = attnkit.load(recipe_or_train("easy_vqa", "easy_vqa.toml", "07_vqa", vqa_overrides))
 
 questions = read_easy_vqa("test")
 image = questions.images[0]
