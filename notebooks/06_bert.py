@@ -33,6 +33,7 @@
 # `log_odds`), `src/attnkit/serve/`; docs/lectures.md sections 15 and 15b.
 
 # %%
+import atexit
 import json
 import os
 import shutil
@@ -130,6 +131,19 @@ print(f"MiniLM: {sst2['step']} steps in {sst2['train_minutes']:.1f} min, dev acc
 clf = attnkit.load(sst2_run)
 for c in clf.classify(["a gorgeous, witty, seductive movie.", "the plot is a tedious, predictable mess."]):
     print(c.label, {k: round(v, 3) for k, v in c.probabilities.items()})
+
+# %% [markdown]
+# This classifier is served over HTTP at the end of the notebook. Its server starts now, in a process of its own, so
+# that it loads while the next sections train: `attnkit serve` on the loopback address, on a port that is free.
+
+# %%
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+server_log = open(RUNS / "06_server.log", "w")  # noqa: SIM115 - open while the server runs
+server = subprocess.Popen([sys.executable, "-m", "attnkit", "serve", f"sst2={sst2_run}", "--port", str(port),
+                           "--threads", "1", "--no-compile"], stdout=server_log, stderr=subprocess.STDOUT)
+atexit.register(server.terminate)  # stopped with the kernel, should a cell fail before the last one stops it
 
 # %% [markdown]
 # ## What pretraining buys
@@ -266,15 +280,10 @@ plt.show()
 # ## Serving it
 #
 # `attnkit serve` puts the run behind an HTTP API on the loopback address; `POST /v1/classify` takes sentences and,
-# with `"explain": true`, answers with the same explanation. We start it on a free port, wait until `/health`
+# with `"explain": true`, answers with the same explanation. The server started above: we wait until `/health`
 # answers, ask, and stop it.
 
 # %%
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-server = subprocess.Popen([sys.executable, "-m", "attnkit", "serve", f"sst2={sst2_run}", "--port", str(port),
-                           "--threads", "1", "--no-compile"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 base = f"http://127.0.0.1:{port}"
 try:
     deadline = time.monotonic() + 120
@@ -285,7 +294,8 @@ try:
                     break
         except OSError:
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start: {server.stderr.read().decode()[-2000:]}") from None
+                log = (RUNS / "06_server.log").read_text()[-2000:]
+                raise RuntimeError(f"the server did not start: {log}") from None
             time.sleep(0.3)
     body = {"model": "sst2", "sentences": [review], "explain": True}
     request = urllib.request.Request(f"{base}/v1/classify", data=json.dumps(body).encode(),
@@ -295,6 +305,7 @@ try:
 finally:
     server.terminate()
     server.wait(timeout=30)
+    server_log.close()
 result, served = answer["results"][0], answer["explanation"]
 print(f"POST /v1/classify -> {result['label']} {result['probabilities']}")
 gap = max(abs(a - b) for a, b in zip(served["occlusion"], why.occlusion))
