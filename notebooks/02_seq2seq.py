@@ -122,10 +122,11 @@ plt.show()
 print("dates per bucket:", {label: n for label, _, n in curves["RNNsearch"]})
 
 # %% [markdown]
-# The encoder-decoder must squeeze "Wednesday, the 21st of September 1977" and "21.9.1977" into the same fixed
-# vector; its errors grow with the length of what it reads. RNNsearch reads the day, the month and the year off the
-# annotations when it writes them, so length costs it little. (On real sentences the same picture is
-# `make by-length`, BLEU against source length on Tatoeba.)
+# What to look for: the encoder-decoder must squeeze "Wednesday, the 21st of September 1977" and "21.9.1977" into
+# the same fixed vector, so its accuracy should fall as the written date grows; RNNsearch reads the day, the month
+# and the year off the annotations when it writes them, so length should cost it little. How clearly a few minutes of
+# training show it depends on how far the two got: at the small budget neither gets anywhere. (On real sentences the
+# same picture is `make by-length`, BLEU against source length on Tatoeba.)
 #
 # ## RNNsearch's alignment
 #

@@ -25,8 +25,10 @@
 # `attnkit data fetch flickr8k`), the EfficientNet-Lite0 weights that attnkit installs, matplotlib. The CNN grids are
 # extracted once into `runs/features/` (the recipe's cache). Nothing is downloaded.
 #
-# **Runtime on the 2-core machine:** full budget about 6 minutes without the recipe's run (extracting 1,000 grids,
-# 3 training minutes), 1 minute with it; small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`) about 25 seconds.
+# **Runtime on the 2-core machine:** full budget without the recipe's run: extracting 1,000 grids once (the cache
+# keeps them for the next run) and 3 training minutes, the total measured by `make notebooks`; with the recipe's
+# run, only loading and captioning. Small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`) about 25 seconds, measured on a
+# busy machine with the 40 images' grids extracted (7 seconds more the first time).
 #
 # The code it exercises: `src/attnkit/models/captioner.py` (`ShowAttendTell`), `src/attnkit/nn/vision.py`,
 # `src/attnkit/viz/attention.py` (`plot_caption_attention`); docs/lectures.md section 12.
