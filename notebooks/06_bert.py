@@ -25,7 +25,7 @@
 # **Runtime on the 2-core machine:** full budget: 9 training minutes (MiniLM fine-tuned 3 minutes, the WikiText-2
 # language model pretrained 3 minutes, each GPT classifier fine-tuned 1.5 minutes); with tokenizing, validation and
 # the server, the total is measured by `make notebooks`. Small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`: a few steps
-# each on tiny slices, which teach the models almost nothing) about a minute, measured on a busy machine: setting up
+# each on tiny slices, which teach the models almost nothing) 40 to 60 seconds, measured on a busy machine: setting up
 # four trainings (MiniLM's weights, a tokenizer, checkpoints) and a server cost more than the training itself.
 #
 # The code it exercises: `src/attnkit/models/bert.py`, `src/attnkit/models/classifier.py`,
@@ -118,9 +118,9 @@ plt.show()
 # phrases (about 26 minutes here, dev accuracy 89.6%); the notebook trains 3 minutes on 4,000 phrases.
 
 # %%
-TRAIN_SLICE, DEV_SLICE = (4000, 872) if full else (64, 48)
+TRAIN_SLICE, DEV_SLICE = (4000, 872) if full else (32, 32)
 steps = (dict(max_minutes=3.0, fit_schedule="true", warmup_steps=30) if full else
-         dict(max_steps=4, warmup_steps=1, batch_size=16))
+         dict(max_steps=2, warmup_steps=1, batch_size=16))
 common = [f"data.max_train_pairs={TRAIN_SLICE}", f"data.max_valid_pairs={DEV_SLICE}", "train.eval_every=1000000",
           "train.progress=false", "train.log_every=10"] + ([] if full else ["train.fast=[]"])  # no timed choices
 common += [f"train.{k}={v}" for k, v in steps.items()]
@@ -165,7 +165,7 @@ slice_dir = RUNS / "06_wikitext_slice"
 lm_shape = (["model.d_model=128", "model.d_ff=512", "model.n_layers=4", "data.vocab_size=4000"] if full else
             ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "model.n_heads=2", "data.vocab_size=800"])
 lm_steps = (["train.max_minutes=3", "train.fit_schedule=true", "train.max_tokens=2048"] if full else
-            ["train.max_steps=20", "train.max_minutes=0", "train.warmup_steps=5", "train.max_tokens=1024"])
+            ["train.max_steps=10", "train.max_minutes=0", "train.warmup_steps=5", "train.max_tokens=1024"])
 pretrain_run = fresh("06_wikitext_lm")
 pretrain_cfg = load_config(ROOT / "configs" / "transfer_pretrain_wikitext2.toml",
                            lm_shape + lm_steps + ['data.spm_model=""', "train.eval_every=1000000", "train.save_every=0",
@@ -175,7 +175,7 @@ print(f"WikiText-2 LM: {lm['step']} steps in {lm['train_minutes']:.1f} min, vali
       f"{lm['valid_ppl']:.0f}")
 
 gpt_steps = (dict(max_minutes=1.5, fit_schedule="true", warmup_steps=10) if full else
-             dict(max_steps=4, warmup_steps=1, batch_size=16))
+             dict(max_steps=2, warmup_steps=1, batch_size=16))
 gpt_common = [f"model.pretrained={json.dumps(str(pretrain_run))}", "train.lr=2e-4" if full else "train.lr=1e-3",
               "train.max_epochs=0"] + common[:-len(steps)] + [f"train.{k}={v}" for k, v in gpt_steps.items()]
 accuracy = {"MiniLM (pretrained BERT)": sst2["valid_accuracy"]}
