@@ -57,7 +57,7 @@ class Labelled:
             return None if rows is None else rows[:n]
 
         return replace(self, texts=self.texts[:n], pairs=cut(self.pairs), labels=cut(self.labels),
-                                   index=cut(self.index), lines=self.lines[:n])
+                       index=cut(self.index), lines=self.lines[:n])
 
 
 # --- reading bytes, decoding, splitting into rows

@@ -1,6 +1,6 @@
 // Classify: a fine-tuned BERT's prediction for a sentence (or a pair) and why: each word piece coloured by how much
-// the prediction's log-odds lose when it is hidden (occlusion), every layer x head of the input's self-attention (BertViz's
-// model view: click a map to open it) and the attention rollout from [CLS].
+// the prediction's log-odds lose when it is hidden (occlusion), every layer x head of the input's self-attention
+// (BertViz's model view: click a map to open it) and the attention rollout from [CLS].
 
 import { postJSONTimed } from "../api.js";
 import { colorbar, rgb } from "../colormap.js";
@@ -45,9 +45,9 @@ function mount(root, ctx, params) {
   const view = { id: ID };
   header(root, { title: "Classify", view,
     lead: "Type a sentence (and its pair, for a model of sentence pairs): the model's label and probabilities, or a "
-      + "regressor's score. Below, why: each word piece coloured by how much the prediction's log-odds drop when that piece is "
-      + "hidden from every attention (occlusion), every layer × head of the self-attention (click one to open it), "
-      + "and the attention rollout: how much of each piece reaches [CLS] through all the layers." });
+      + "regressor's score. Below, why: each word piece coloured by how much the prediction's log-odds drop when that "
+      + "piece is hidden from every attention (occlusion), every layer × head of the self-attention (click one to "
+      + "open it), and the attention rollout: how much of each piece reaches [CLS] through all the layers." });
   if (!models.length) { noModel(root, NEEDS); return view; }
   const modelOf = (name) => models.find((m) => m.name === name);
   const exampleOf = (m) => (m.example != null ? String(m.example) : "");
