@@ -37,6 +37,7 @@ import torch
 import attnkit
 from attnkit.config import load_config
 from attnkit.decode.search import filter_logits, with_temperature
+from attnkit.tokens import BOS
 from attnkit.train import Trainer, read_metrics
 
 BUDGET = os.environ.get("ATTNKIT_NOTEBOOK_BUDGET", "full")
@@ -96,7 +97,7 @@ lm = attnkit.load(run_dir)
 prompt = "ROMEO:\nWhat light through yonder window b"
 ids = lm.tokenizers.encode([prompt])[0]
 with torch.no_grad():
-    logits = lm.module(None, torch.tensor([[0] + ids])).logits[0, -1:]  # [1, V], after BOS + the prompt
+    logits = lm.module(None, torch.tensor([[BOS] + ids])).logits[0, -1:]  # [1, V], after BOS and the prompt
 pieces = lm.tokenizers.id_to_piece(list(range(logits.size(-1))))
 SETTINGS = {"T=0.5": dict(temperature=0.5), "T=1": dict(temperature=1.0), "T=1.5": dict(temperature=1.5),
             "top-k 5": dict(temperature=1.0, top_k=5), "top-p 0.9": dict(temperature=1.0, top_p=0.9)}
