@@ -32,6 +32,7 @@
 # (`AdditiveScore`), `src/attnkit/decode/align.py`; docs/lectures.md sections 2 and 11.
 
 # %%
+# %matplotlib inline
 import os
 import shutil
 from pathlib import Path

@@ -34,6 +34,7 @@
 # `src/attnkit/viz/attention.py` (`plot_caption_attention`); docs/lectures.md section 12.
 
 # %%
+# %matplotlib inline
 import os
 import shutil
 from pathlib import Path

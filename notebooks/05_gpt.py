@@ -27,6 +27,7 @@
 # (`filter_logits`, `with_temperature`, `sample`); docs/lectures.md section 14.
 
 # %%
+# %matplotlib inline
 import os
 import shutil
 from pathlib import Path

@@ -33,6 +33,7 @@
 # `log_odds`), `src/attnkit/serve/`; docs/lectures.md sections 15 and 15b.
 
 # %%
+# %matplotlib inline
 import atexit
 import json
 import os

@@ -36,6 +36,7 @@
 # docs/speech.md, docs/vqa.md.
 
 # %%
+# %matplotlib inline
 import os
 import shutil
 from pathlib import Path
