@@ -26,7 +26,7 @@
 # **Runtime on the 2-core machine:** full budget: each model trains 1,200 steps, stopped at 3 minutes if it has not
 # finished by then, so at most about 7 minutes; the total is measured by `make notebooks`;
 # small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`: tiny models, a few dozen steps, which learn almost nothing) about
-# 20 to 25 seconds.
+# 17 to 25 seconds.
 #
 # The code it exercises: `src/attnkit/models/rnn.py` (`RNNEncDec`, `RNNSearch`), `src/attnkit/nn/attention.py`
 # (`AdditiveScore`), `src/attnkit/decode/align.py`; docs/lectures.md sections 2 and 11.

@@ -27,7 +27,7 @@
 #
 # **Runtime on the 2-core machine:** full budget without the recipe's run: extracting 1,000 grids once (the cache
 # keeps them for the next run) and 3 training minutes, the total measured by `make notebooks`; with the recipe's
-# run, only loading and captioning. Small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`) about 25 seconds, measured on a
+# run, only loading and captioning. Small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`) 16 to 25 seconds, measured on a
 # busy machine with the 40 images' grids extracted (7 seconds more the first time).
 #
 # The code it exercises: `src/attnkit/models/captioner.py` (`ShowAttendTell`), `src/attnkit/nn/vision.py`,

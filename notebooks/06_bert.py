@@ -25,7 +25,7 @@
 # **Runtime on the 2-core machine:** full budget: 9 training minutes (MiniLM fine-tuned 3 minutes, the WikiText-2
 # language model pretrained 3 minutes, each GPT classifier fine-tuned 1.5 minutes); with tokenizing, validation and
 # the server, the total is measured by `make notebooks`. Small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`: a few steps
-# each on tiny slices, which teach the models almost nothing) 40 to 60 seconds, measured on a busy machine: setting up
+# each on tiny slices, which teach the models almost nothing) 35 to 60 seconds, measured on a busy machine: setting up
 # four trainings (MiniLM's weights, a tokenizer, checkpoints) and a server cost more than the training itself.
 #
 # The code it exercises: `src/attnkit/models/bert.py`, `src/attnkit/models/classifier.py`,

@@ -30,7 +30,7 @@
 # **Runtime on the 2-core machine:** full budget: 4 training minutes for LAS and 2.5 for VQA, or none where the
 # recipes' runs exist; with data preparation and validation, the total is measured by `make notebooks`. Small budget
 # (`ATTNKIT_NOTEBOOK_BUDGET=small`: tiny models, a few steps, which learn nothing yet: the maps are then flat or
-# arbitrary) 24 to 31 seconds, measured on a busy machine.
+# arbitrary) 18 to 31 seconds, measured on a busy machine.
 #
 # The code it exercises: `src/attnkit/models/las.py`, `src/attnkit/models/vqa.py` (`glimpse_weights`, `glimpses`),
 # docs/speech.md, docs/vqa.md.
