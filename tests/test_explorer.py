@@ -754,6 +754,7 @@ def test_classify_a_sentence_and_why(browser, classifiers, classifier_run, downl
         assert _close(bars[label].find_element(By.CSS_SELECTOR, ".p").text, p)
     assert "chosen" in bars[expected.label].get_attribute("class")
     _check_explanation(page, why, cfg)
+    assert f"log-odds of {expected.label}" in page.find("[data-role=occlusion-legend]").text  # what occlusion measures
 
     # a map opens large, and the link says which
     page.find(".thumb[data-key='1:0']").click()

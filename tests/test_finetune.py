@@ -108,6 +108,22 @@ def test_balanced_class_weights_are_scikit_learns(tmp_path, tiny_bert_directory,
     assert expected[0] * counts["0"] == pytest.approx(expected[1] * counts["1"])  # each class weighs the same
 
 
+def test_max_train_and_valid_pairs_keep_the_first_rows_of_a_glue_task_and_its_label_set(tmp_path, tiny_bert_directory,
+                                                                                        data_dir):
+    from attnkit.data import read_glue
+
+    cfg = load_config(None, ["model.family=bert_classifier", f"model.pretrained={json.dumps(str(tiny_bert_directory))}",
+                             "data.format=sst2", "data.max_train_pairs=50", "data.max_valid_pairs=30"])
+    task = Trainer(cfg, tmp_path / "run", data_dir=str(data_dir)).task
+    train, dev = read_glue("sst2", "train", data_dir), read_glue("sst2", "dev", data_dir)
+    assert task.splits["train"].texts == train.texts[:50] and task.splits["train"].labels == train.labels[:50]
+    assert task.splits["valid"].texts == dev.texts[:30] and task.targets["valid"].tolist() == [
+        int(label) for label in dev.labels[:30]]
+    assert task.labels == ["0", "1"] and len(task.lengths("train")[0]) == 50
+    model = task.build_model().eval()
+    assert task.predict(model, "valid", torch.device("cpu"), 4096).shape == (30, 2)  # validation reads 30 rows
+
+
 def test_max_epochs_ends_the_schedule_and_the_run(tmp_path, tiny_bert_directory, data_dir):
     train, dev = _slice(tmp_path, data_dir, n_train=100)
     run = train_classifier(tmp_path / "run", tiny_bert_directory, train, dev, steps=1000,

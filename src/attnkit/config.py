@@ -50,7 +50,8 @@ class DataConfig:
     train_tgt: str = ""
     valid_src: str = ""
     valid_tgt: str = ""
-    max_train_pairs: int = 0  # 0: all (captioning: images; language models: blocks)
+    max_train_pairs: int = 0  # 0: all (captioning: images; language models: blocks;
+                              # classification: the first rows of each file)
     max_valid_pairs: int = 0
     vocab_size: int = 8000
     joint_vocab: bool = True

@@ -20,7 +20,7 @@ import math
 import re
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from attnkit.data.corpus import resolve_data_dir
@@ -47,6 +47,17 @@ class Labelled:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def first(self, n: int) -> Labelled:
+        """The first ``n`` rows (all of them for 0), the label set kept: a slice is read as its whole file is."""
+        if not n or n >= len(self.texts):
+            return self
+
+        def cut(rows):
+            return None if rows is None else rows[:n]
+
+        return replace(self, texts=self.texts[:n], pairs=cut(self.pairs), labels=cut(self.labels),
+                       index=cut(self.index), lines=self.lines[:n])
 
 
 # --- reading bytes, decoding, splitting into rows

@@ -130,7 +130,8 @@ POST /v1/classify  (classifiers and regressors: fine-tuned BERT; the only endpoi
     # a regressor: {"label": "score", "probabilities": null, "score": 3.7}
     "explanation": {"pieces": ["[CLS]", "a", ..., "[SEP]"], "token_types": [0, ...], "label": "1",
     "value": 0.9,            # the predicted label's probability (a regressor's score)
-    "occlusion": [...],      # per piece: value less the value with that piece hidden (0 at [CLS] and [SEP])
+    "occlusion": [...],      # per piece: how much hiding it lowers the label's log-odds (a regressor's score)
+                             # (0 at [CLS] and [SEP])
     "attention": [[[[...]]]],  # [layer][head][query][key], 4 decimals
     "rollout": [[...]]}}``   # [query][piece]: attention rollout, rows summing to 1
     ``explanation`` only with ``"explain": true`` (:func:`attnkit.decode.explain`). An input (a pair: both

@@ -257,7 +257,8 @@ def _answers() -> dict:
             "explanation": _obj({
                 "pieces": words, "token_types": _array(INTEGER), "label": STRING,
                 "value": {**NUMBER, "description": "the label's probability (a regressor's score)"},
-                "occlusion": _array(NUMBER, description="per piece: value less the value without it"),
+                "occlusion": _array(NUMBER, description="per piece: how much hiding it lowers the label's log-odds (a "
+                                                        "regressor's score)"),
                 "attention": maps, "rollout": matrix},
                 ["pieces", "token_types", "label", "value", "occlusion", "attention", "rollout"])},
             ["model", "results"]),

@@ -345,15 +345,17 @@ class LabelledBatch:
 
 def read_labelled_splits(cfg: ExperimentConfig, data_dir: str | None = None) -> tuple[Labelled, Labelled]:
     """(train, dev) of ``data.format``: a GLUE task's train.tsv and dev.tsv, or ``data.train_file`` and
-    ``data.valid_file`` read with the ``data.*_column`` names."""
+    ``data.valid_file`` read with the ``data.*_column`` names; their first ``data.max_train_pairs`` and
+    ``data.max_valid_pairs`` rows (0: all), the label set still the whole training file's."""
     d = cfg.data
     form = registry.data_format(d.format)
     if not form.needs:  # a corpus of its own, in the data directory
         read = registry.resolve(form.reader)
-        return read(d.format, "train", data_dir or d.data_dir or None), read(d.format, "dev", data_dir or d.data_dir
-                                                                              or None)
-    return tuple(read_labelled(path, d.text_column, d.text_pair_column or None, d.label_column,
-                               regression=d.regression) for path in (d.train_file, d.valid_file))
+        train, valid = (read(d.format, split, data_dir or d.data_dir or None) for split in ("train", "dev"))
+    else:
+        train, valid = (read_labelled(path, d.text_column, d.text_pair_column or None, d.label_column,
+                                      regression=d.regression) for path in (d.train_file, d.valid_file))
+    return train.first(d.max_train_pairs), valid.first(d.max_valid_pairs)
 
 
 def is_regression(cfg: ExperimentConfig) -> bool:

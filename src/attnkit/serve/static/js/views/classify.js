@@ -1,6 +1,6 @@
 // Classify: a fine-tuned BERT's prediction for a sentence (or a pair) and why: each word piece coloured by how much
-// the prediction loses when it is hidden (occlusion), every layer x head of the input's self-attention (BertViz's
-// model view: click a map to open it) and the attention rollout from [CLS].
+// the prediction's log-odds lose when it is hidden (occlusion), every layer x head of the input's self-attention
+// (BertViz's model view: click a map to open it) and the attention rollout from [CLS].
 
 import { postJSONTimed } from "../api.js";
 import { colorbar, rgb } from "../colormap.js";
@@ -45,9 +45,9 @@ function mount(root, ctx, params) {
   const view = { id: ID };
   header(root, { title: "Classify", view,
     lead: "Type a sentence (and its pair, for a model of sentence pairs): the model's label and probabilities, or a "
-      + "regressor's score. Below, why: each word piece coloured by how much the prediction drops when that piece is "
-      + "hidden from every attention (occlusion), every layer × head of the self-attention (click one to open it), "
-      + "and the attention rollout: how much of each piece reaches [CLS] through all the layers." });
+      + "regressor's score. Below, why: each word piece coloured by how much the prediction's log-odds drop when that "
+      + "piece is hidden from every attention (occlusion), every layer × head of the self-attention (click one to "
+      + "open it), and the attention rollout: how much of each piece reaches [CLS] through all the layers." });
   if (!models.length) { noModel(root, NEEDS); return view; }
   const modelOf = (name) => models.find((m) => m.name === name);
   const exampleOf = (m) => (m.example != null ? String(m.example) : "");
@@ -141,7 +141,8 @@ function mount(root, ctx, params) {
     const m = Math.max(...e.occlusion.map(Math.abs), 1e-9);
     const d = digits(m);
     piecesBox.dataset.digits = d;
-    const what = answer.probabilities ? `p(${e.label})` : "the score";
+    // a label's log-odds, log(p / (1 - p)): a confident prediction's probability barely moves, its log-odds do
+    const what = answer.probabilities ? `the log-odds of ${e.label}` : "the score";
     e.pieces.forEach((piece, i) => {
       const v = e.occlusion[i], t = 0.5 + 0.5 * v / m;
       const special = SPECIALS.has(piece);
@@ -153,7 +154,8 @@ function mount(root, ctx, params) {
       h("span", { class: "text" }, shown(piece)), h("small", { class: "value" }, special ? "" : signed(v, d))));
     });
     occLegend.append(signed(-m, d), colorbar("diverging"), signed(m, d),
-      h("span", {}, ` change in ${what} when this piece is hidden (${what} = ${e.value.toFixed(4)}): `,
+      h("span", {}, ` change in ${what} when this piece is hidden (${answer.probabilities ? `p(${e.label})` : what} = `
+        + `${e.value.toFixed(4)}): `,
         h("b", { style: { color: "#b2182b" } }, "red"),
         answer.probabilities ? " the piece supports the prediction, " : " the piece raises the score, ",
         h("b", { style: { color: "#2166ac" } }, "blue"),
