@@ -14,9 +14,9 @@
 # An RNN encoder-decoder (Cho et al. 2014) reads the whole source into one vector, the "thought vector", and writes
 # the output from that vector alone. RNNsearch (Bahdanau et al. 2014) keeps every encoder state (the annotations)
 # and lets the decoder look back at them at every step with an additive score: attention. We train both on the same
-# task for the same number of steps, plot exact-match accuracy against the input's length (the lectures' BLEU-versus-length
-# figure, in miniature), draw RNNsearch's alignment matrix, and you write the additive score and a beam search step
-# yourself.
+# task for the same number of steps, plot exact-match accuracy against the input's length (the lectures'
+# BLEU-versus-length figure, in miniature), draw RNNsearch's alignment matrix, and you write the additive score
+# and a beam search step yourself.
 #
 # The task is attnkit's built-in dates (`"Tuesday, March 4th 1997"` -> `"1997-03-04"`), generated from a seed:
 # a translation task whose right alignment is obvious.
@@ -59,8 +59,8 @@ print(f"budget: {BUDGET}, torch threads: {torch.get_num_threads()}")
 # ## Two models, one budget
 #
 # Both read characters (a SentencePiece character vocabulary), have GRUs of the same width and train the same number
-# of steps on the same batches. The encoder-decoder's decoder sees c = tanh(V h_N), the encoder's last state, at every step;
-# RNNsearch's decoder computes, before writing output i,
+# of steps on the same batches. The encoder-decoder's decoder sees c = tanh(V h_N), the encoder's last state, at every
+# step; RNNsearch's decoder computes, before writing output i,
 #
 # e_ij = v^T tanh(W s_{i-1} + U h_j),  alpha_ij = softmax_j(e_ij),  c_i = sum_j alpha_ij h_j
 #

@@ -20,8 +20,9 @@
 # `attnkit data fetch tinyshakespeare` puts it there); attnkit and matplotlib. Nothing is downloaded here.
 #
 # **Runtime on the 2-core machine:** full budget about 4 minutes (3 training minutes, then validation and
-# sampling: 3.6 minutes measured at one thread on a busy machine); small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`, a tiny model trained for 150 steps) 15 to 25 seconds
-# (the more on a busy machine).
+# sampling: 3.6 minutes measured at one thread on a busy machine); small budget (`ATTNKIT_NOTEBOOK_BUDGET=small`, a
+# tiny model trained for 150 steps) 15 to 25 seconds (the more on a busy
+# machine).
 #
 # The code it exercises: `src/attnkit/models/lm.py` (`TransformerLM`), `src/attnkit/decode/search.py`
 # (`filter_logits`, `with_temperature`, `sample`); docs/lectures.md section 14.
