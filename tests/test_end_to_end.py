@@ -1,4 +1,4 @@
-"""The command line end to end: train on a Multi30k slice for under a minute, translate, evaluate.
+"""The command line end to end: train on a Multi30k slice for 200 steps, translate, compile, evaluate.
 
 About a minute on one CPU thread; deselect with ``-m 'not slow'``.
 """
@@ -39,8 +39,8 @@ seed = 1
 max_tokens = 1500
 lr = 3e-3
 warmup_steps = 100
-max_steps = 300
-max_minutes = 0.75
+max_steps = 200
+max_minutes = 2.5  # a bound for a busy machine: the run is meant to end at max_steps
 eval_every = 100000
 save_every = 0
 eval_bleu = false
@@ -56,7 +56,7 @@ beam_size = 4
 def _attnkit(*args, cwd, **env_changes):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **env_changes}
     proc = subprocess.run([sys.executable, "-m", "attnkit", *map(str, args)], capture_output=True, text=True,
-                          check=False, cwd=cwd, env=env, timeout=240)
+                          check=False, cwd=cwd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -71,7 +71,7 @@ def test_train_translate_evaluate(tmp_path, data_dir):
     train = _attnkit("train", config, "--run-dir", run, "--data-dir", data_dir,
                      "--set", "data.max_train_pairs=8000", "--set", "data.max_valid_pairs=100", cwd=tmp_path)
     result = json.loads(train.stdout.strip().splitlines()[-1])
-    assert 50 <= result["step"] <= 300
+    assert 50 <= result["step"] <= 200
     assert result["valid_loss"] < 5.5  # log(2000) = 7.6 is a uniform guess
     assert (run / "checkpoints" / "last" / "model.safetensors").exists()
     assert (run / "checkpoints" / "best" / "model.safetensors").exists()
