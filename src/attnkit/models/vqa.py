@@ -46,6 +46,7 @@ class ShowAskAttendAnswerConfig(ModelConfig):
     family: str = "show_ask_attend_answer"
     attention: str = "glimpses"  # glimpses: the paper's; pooled: the grid's mean, no attention; none: no image
     cnn_channels: tuple[int, ...] = (32, 64, 128)  # one conv-BN-ReLU-pool block each: the grid has the last's C
+    grid_layers: int = 0  # 3x3 conv-BN-ReLU layers after the blocks, at the grid's resolution: wider cells
     embedding_size: int = 64  # question word embeddings
     hidden_size: int = 128  # the question LSTM's state s
     attention_size: int = 128  # the hidden channels of the attention's first 1x1 convolution
@@ -91,14 +92,20 @@ def tile_question(s: Tensor, phi: Tensor) -> Tensor:
 
 class GridCNN(nn.Module):
     """A small CNN trained from scratch: pixels [B, 3, S, S] -> the grid phi [B, L, C], L = (S / 2^n)^2 cells
-    (row-major), each l2-normalised (the paper's normalisation of the image features)."""
+    (row-major) for n blocks, each l2-normalised (the paper's normalisation of the image features).
 
-    def __init__(self, channels: tuple[int, ...]):
+    Each block is a 3x3 convolution, batch norm, ReLU and 2x2 max-pooling; ``grid_layers`` more 3x3 convolutions
+    (batch norm, ReLU, no pooling) follow at the grid's resolution, each widening what a cell sees by one cell on
+    every side (a cell must see enough of a shape's outline to tell a circle from a triangle)."""
+
+    def __init__(self, channels: tuple[int, ...], grid_layers: int = 0):
         super().__init__()
         blocks, c_in = [], 3
         for c in channels:
             blocks += [nn.Conv2d(c_in, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2)]
             c_in = c
+        for _ in range(grid_layers):
+            blocks += [nn.Conv2d(c_in, c_in, 3, padding=1, bias=False), nn.BatchNorm2d(c_in), nn.ReLU()]
         self.blocks = nn.Sequential(*blocks)
         self.channels = c_in
 
@@ -121,6 +128,8 @@ class ShowAskAttendAnswer(nn.Module):
             raise AttnkitError(f"model.attention = {cfg.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if cfg.glimpses < 1 or not cfg.cnn_channels:
             raise AttnkitError("model.glimpses and model.cnn_channels: at least one each")
+        if cfg.grid_layers < 0:
+            raise AttnkitError(f"model.grid_layers = {cfg.grid_layers}: at least 0")
         self.cfg, self.answers = cfg, list(answers)
         self.embed = nn.Embedding(vocab_size, cfg.embedding_size, padding_idx=PAD)
         self.lstm = nn.LSTM(cfg.embedding_size, cfg.hidden_size, batch_first=True)
@@ -128,7 +137,7 @@ class ShowAskAttendAnswer(nn.Module):
         reads = cfg.hidden_size
         self.cnn = None
         if cfg.attention != "none":
-            self.cnn = GridCNN(cfg.cnn_channels)
+            self.cnn = GridCNN(cfg.cnn_channels, cfg.grid_layers)
             c = self.cnn.channels
             reads += c * (cfg.glimpses if cfg.attention == "glimpses" else 1)
         if cfg.attention == "glimpses":
@@ -155,14 +164,19 @@ class ShowAskAttendAnswer(nn.Module):
         return glimpse_weights(self.attention_logits(hidden).transpose(1, 2))  # [B, K, L]
 
     def forward(self, images: Tensor | None, questions: Tensor, targets: Tensor | None = None,
-                label_smoothing: float = 0.0, need_weights: bool = False) -> ModelOutput:
-        """images [B, 3, S, S] uint8 (ignored by ``attention = "none"``), questions [B, T] -> logits [B, A];
-        the attention maps' ``cross`` holds alpha as one layer [B, K, 1, L] (the K glimpses as heads, one query:
+                label_smoothing: float = 0.0, need_weights: bool = False,
+                image_index: Tensor | None = None) -> ModelOutput:
+        """images [M, 3, S, S] uint8 (ignored by ``attention = "none"``), questions [B, T] -> logits [B, A].
+        ``image_index`` [B]: the image question b asks about, ``images[image_index[b]]``, so that an image asked
+        several questions goes through the CNN once; None: one image per question (M = B, in order).
+        The attention maps' ``cross`` holds alpha as one layer [B, K, 1, L] (the K glimpses as heads, one query:
         the question), empty for the question-only baseline."""
         s = self.question_state(questions)
         parts, alpha = [s], None
         if self.cnn is not None:
-            phi = self.cnn(images)  # [B, L, C]
+            phi = self.cnn(images)  # [M, L, C]
+            if image_index is not None:
+                phi = phi[image_index]  # [B, L, C]
             if self.cfg.attention == "glimpses":
                 alpha = self.attend(phi, s)
                 parts.insert(0, glimpses(alpha, phi).flatten(1))  # [x_1; ..; x_K]
