@@ -17,7 +17,13 @@ from attnkit.cli import main  # noqa: E402
 from attnkit.config import load_config  # noqa: E402
 from attnkit.data import token_batches  # noqa: E402
 from attnkit.data.vqa import VQAExamples, image_batch, load_pixels, questions_by_image, read_easy_vqa  # noqa: E402
-from attnkit.models.vqa import ShowAskAttendAnswer, ShowAskAttendAnswerConfig, glimpses, tile_question  # noqa: E402
+from attnkit.models.vqa import (  # noqa: E402
+    ShowAskAttendAnswer,
+    ShowAskAttendAnswerConfig,
+    glimpses,
+    joint_hidden,
+    tile_question,
+)
 
 TRAIN_QUESTIONS, VALID_QUESTIONS, TEST_QUESTIONS = 6000, 400, 800
 TRAIN_STEPS = 800  # each of the two models, at most 32 questions a step: about ten seconds on one core
@@ -81,6 +87,15 @@ def test_glimpse_formulas():
     assert tiled.shape == (2, 5, 10) and torch.equal(tiled[:, 3, 4:], s) and torch.equal(tiled[:, :, :4], phi)
 
 
+def test_the_attention_s_first_layer_is_w1_over_the_tiled_question():
+    """joint_hidden from W_1's two column blocks = relu(W_1 [phi_l ; s] + b_1) over the tiled question."""
+    g = torch.Generator().manual_seed(0)
+    phi, s, layer = torch.randn(2, 5, 4, generator=g), torch.randn(2, 6, generator=g), torch.nn.Linear(10, 3)
+    w_phi, w_s = layer.weight[:, :4], layer.weight[:, 4:]
+    hidden = joint_hidden(phi @ w_phi.T, s @ w_s.T + layer.bias)
+    assert torch.allclose(hidden, torch.relu(layer(tile_question(s, phi))), atol=1e-6)
+
+
 def test_an_image_batch_holds_each_of_its_images_questions_once():
     """questions_by_image and image_batch against a direct scan: image by image, each image's questions in order,
     each question's image_index pointing at its own image."""
@@ -102,7 +117,7 @@ def test_training_batches_are_whole_images_and_cover_every_question_once(easy_vq
     from attnkit.train.vqa import AnswerTask
 
     cfg = _tiny_config("glimpses", tmp_path)
-    train, valid = _slice(easy_vqa["train"], 0, 300), _slice(easy_vqa["valid"], 0, 40)
+    train, valid = _slice(easy_vqa["train"], 0, 1000), _slice(easy_vqa["valid"], 0, 40)
     task = AnswerTask(cfg, tmp_path, splits=(train, valid))
     seen = []
     for images in token_batches(*task.lengths("train"), 32, seed=1, max_examples=4):

@@ -6,7 +6,8 @@ attention map for each question. With the paper's names (section 3):
     phi = CNN(I)                                    the image grid: L = h*w cells of C channels, each l2-normalised
     s = LSTM(E q)                                   the question state: the LSTM's last state over its words
     F_c = W_2 relu(W_1 [phi_l ; s])                 attention logits of glimpse c at cell l (two 1x1 convolutions
-                                                    over the grid with s tiled over every cell)
+                                                    over the grid with s tiled over every cell), computed as
+        = W_2 relu(W_1^phi phi_l + W_1^s s)         W_1's columns that read the cell and those that read s
     alpha_{c,l} = exp F_{c,l} / sum_k exp F_{c,k}   a softmax over the cells, one map per glimpse c = 1..K
     x_c = sum_l alpha_{c,l} phi_l                   each glimpse: a weighted sum of cell features
     P(a | I, q) = softmax(W_4 relu(W_3 [x_1; ..; x_K; s]))     a classifier over the answers
@@ -16,7 +17,9 @@ the grid's mean (every alpha_l = 1/L: attention that looks everywhere), ``"none"
 image at all). The grid is the output of a small CNN trained from scratch (``cnn_channels``: one 3x3 convolution,
 batch norm, ReLU and 2x2 max-pooling per entry, so 64-pixel images and 3 entries give an 8 x 8 grid).
 
-Inputs: ``images`` [B, 3, S, S] uint8 pixels, ``questions`` [B, T] word ids (PAD after each question's end).
+Inputs: ``images`` [M, 3, S, S] uint8 pixels, ``questions`` [B, T] word ids (PAD after each question's end) and
+``image_index`` [B], the image each question asks about: a batch of M images and their B questions runs the CNN and
+W_1^phi once per image (about 10 questions ask about each easy-VQA image), the LSTM and W_1^s once per question.
 Padding never reaches the question state (the LSTM reads each question packed to its own length).
 """
 
@@ -82,9 +85,19 @@ def glimpses(alpha: Tensor, phi: Tensor) -> Tensor:
 def tile_question(s: Tensor, phi: Tensor) -> Tensor:
     """``[phi_l ; s]`` for every cell l: the question state tiled over the grid, beside each cell's features.
 
-    s [B, H], phi [B, L, C] -> [B, L, C + H].
+    s [B, H], phi [B, L, C] -> [B, L, C + H]. The reference for :func:`joint_hidden`, which never builds it.
     """
     return torch.cat([phi, s.unsqueeze(1).expand(-1, phi.size(1), -1)], dim=-1)
+
+
+def joint_hidden(cell_part: Tensor, question_part: Tensor) -> Tensor:
+    """``relu(W_1 [phi_l ; s] + b_1) = relu(W_1^phi phi_l + (W_1^s s + b_1))``: the attention's hidden layer over
+    the tiled question, from W_1's two column blocks, so that the cells' part is computed once per image and the
+    question's once per question, and the [B, L, C + H] tiling is never built.
+
+    cell_part W_1^phi phi [B, L, A], question_part W_1^s s + b_1 [B, A] -> [B, L, A].
+    """
+    return F.relu(cell_part + question_part.unsqueeze(1))
 
 
 # --- the model
@@ -158,9 +171,14 @@ class ShowAskAttendAnswer(nn.Module):
         _, (h, _) = self.lstm(packed)
         return h[-1]
 
-    def attend(self, phi: Tensor, s: Tensor) -> Tensor:
-        """The glimpse weights alpha [B, K, L] of grid phi [B, L, C] for question states s [B, H]."""
-        hidden = F.relu(self.attention_hidden(self.dropout(tile_question(s, phi))))  # [B, L, attention_size]
+    def attend(self, phi: Tensor, s: Tensor, image_index: Tensor | None = None) -> Tensor:
+        """The glimpse weights alpha [B, K, L] for grids phi [M, L, C] and question states s [B, H]; question b
+        looks at grid ``image_index[b]`` (None: M = B, grid b)."""
+        w_phi, w_s = self.attention_hidden.weight.split([phi.size(-1), s.size(-1)], dim=1)  # W_1 = [W_1^phi W_1^s]
+        cells = F.linear(self.dropout(phi), w_phi)  # [M, L, attention_size]
+        if image_index is not None:
+            cells = cells[image_index]  # [B, L, attention_size]
+        hidden = joint_hidden(cells, F.linear(self.dropout(s), w_s, self.attention_hidden.bias))
         return glimpse_weights(self.attention_logits(hidden).transpose(1, 2))  # [B, K, L]
 
     def forward(self, images: Tensor | None, questions: Tensor, targets: Tensor | None = None,
@@ -175,14 +193,13 @@ class ShowAskAttendAnswer(nn.Module):
         parts, alpha = [s], None
         if self.cnn is not None:
             phi = self.cnn(images)  # [M, L, C]
-            if image_index is not None:
-                phi = phi[image_index]  # [B, L, C]
+            mine = (lambda t: t) if image_index is None else (lambda t: t[image_index])  # each question's image
             if self.cfg.attention == "glimpses":
-                alpha = self.attend(phi, s)
-                parts.insert(0, glimpses(alpha, phi).flatten(1))  # [x_1; ..; x_K]
+                alpha = self.attend(phi, s, image_index)
+                parts.insert(0, glimpses(alpha, mine(phi)).flatten(1))  # [x_1; ..; x_K]
             else:
-                alpha = torch.full((phi.size(0), 1, phi.size(1)), 1.0 / phi.size(1), device=phi.device)
-                parts.insert(0, phi.mean(1))
+                alpha = torch.full((s.size(0), 1, phi.size(1)), 1.0 / phi.size(1), device=phi.device)
+                parts.insert(0, mine(phi.mean(1)))
         logits = self.classifier(self.dropout(torch.cat(parts, dim=-1)))
         out = ModelOutput(logits=logits)
         if targets is not None:
