@@ -25,6 +25,7 @@ Padding never reaches the question state (the LSTM reads each question packed to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -48,8 +49,9 @@ class ShowAskAttendAnswerConfig(ModelConfig):
 
     family: str = "show_ask_attend_answer"
     attention: str = "glimpses"  # glimpses: the paper's; pooled: the grid's mean, no attention; none: no image
-    cnn_channels: tuple[int, ...] = (32, 64, 128)  # one conv-BN-ReLU-pool block each: the grid has the last's C
+    cnn_channels: tuple[int, ...] = (16, 32, 64)  # one conv-BN-ReLU-pool block each: the grid has the last's C
     grid_layers: int = 0  # 3x3 conv-BN-ReLU layers after the blocks, at the grid's resolution: wider cells
+    scale_cells: bool = False  # each l2-normalised cell times sqrt(C): channels of order one, like s's
     embedding_size: int = 64  # question word embeddings
     hidden_size: int = 128  # the question LSTM's state s
     attention_size: int = 128  # the hidden channels of the attention's first 1x1 convolution
@@ -111,7 +113,7 @@ class GridCNN(nn.Module):
     (batch norm, ReLU, no pooling) follow at the grid's resolution, each widening what a cell sees by one cell on
     every side (a cell must see enough of a shape's outline to tell a circle from a triangle)."""
 
-    def __init__(self, channels: tuple[int, ...], grid_layers: int = 0):
+    def __init__(self, channels: tuple[int, ...], grid_layers: int = 0, scale: bool = False):
         super().__init__()
         blocks, c_in = [], 3
         for c in channels:
@@ -121,10 +123,11 @@ class GridCNN(nn.Module):
             blocks += [nn.Conv2d(c_in, c_in, 3, padding=1, bias=False), nn.BatchNorm2d(c_in), nn.ReLU()]
         self.blocks = nn.Sequential(*blocks)
         self.channels = c_in
+        self.scale = math.sqrt(c_in) if scale else 1.0
 
     def forward(self, pixels: Tensor) -> Tensor:
         grid = self.blocks(normalize(pixels))  # [B, C, h, w]
-        return F.normalize(grid.flatten(2).transpose(1, 2), dim=-1)  # [B, L, C]
+        return self.scale * F.normalize(grid.flatten(2).transpose(1, 2), dim=-1)  # [B, L, C]
 
 
 class ShowAskAttendAnswer(nn.Module):
@@ -150,7 +153,7 @@ class ShowAskAttendAnswer(nn.Module):
         reads = cfg.hidden_size
         self.cnn = None
         if cfg.attention != "none":
-            self.cnn = GridCNN(cfg.cnn_channels, cfg.grid_layers)
+            self.cnn = GridCNN(cfg.cnn_channels, cfg.grid_layers, cfg.scale_cells)
             c = self.cnn.channels
             reads += c * (cfg.glimpses if cfg.attention == "glimpses" else 1)
         if cfg.attention == "glimpses":
