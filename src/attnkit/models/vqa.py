@@ -4,6 +4,7 @@ The one "X, attend and Y" model whose attention query comes from a second input:
 attention map for each question. With the paper's names (section 3):
 
     phi = CNN(I)                                    the image grid: L = h*w cells of C channels, each l2-normalised
+                                                    (times sqrt(C): ``scale_cells``)
     s = LSTM(E q)                                   the question state: the LSTM's last state over its words
     F_c = W_2 relu(W_1 [phi_l ; s])                 attention logits of glimpse c at cell l (two 1x1 convolutions
                                                     over the grid with s tiled over every cell), computed as
@@ -50,8 +51,7 @@ class ShowAskAttendAnswerConfig(ModelConfig):
     family: str = "show_ask_attend_answer"
     attention: str = "glimpses"  # glimpses: the paper's; pooled: the grid's mean, no attention; none: no image
     cnn_channels: tuple[int, ...] = (16, 32, 64)  # one conv-BN-ReLU-pool block each: the grid has the last's C
-    grid_layers: int = 0  # 3x3 conv-BN-ReLU layers after the blocks, at the grid's resolution: wider cells
-    scale_cells: bool = False  # each l2-normalised cell times sqrt(C): channels of order one, like s's
+    scale_cells: bool = True  # each l2-normalised cell times sqrt(C), its channels of order one as s's are
     embedding_size: int = 64  # question word embeddings
     hidden_size: int = 128  # the question LSTM's state s
     attention_size: int = 128  # the hidden channels of the attention's first 1x1 convolution
@@ -107,27 +107,26 @@ def joint_hidden(cell_part: Tensor, question_part: Tensor) -> Tensor:
 
 class GridCNN(nn.Module):
     """A small CNN trained from scratch: pixels [B, 3, S, S] -> the grid phi [B, L, C], L = (S / 2^n)^2 cells
-    (row-major) for n blocks, each l2-normalised (the paper's normalisation of the image features).
+    (row-major) for n blocks of a 3x3 convolution, batch norm, ReLU and 2x2 max-pooling.
 
-    Each block is a 3x3 convolution, batch norm, ReLU and 2x2 max-pooling; ``grid_layers`` more 3x3 convolutions
-    (batch norm, ReLU, no pooling) follow at the grid's resolution, each widening what a cell sees by one cell on
-    every side (a cell must see enough of a shape's outline to tell a circle from a triangle)."""
+    Each cell is l2-normalised (the paper's normalisation of the image features) and, with ``scale``, multiplied by
+    sqrt(C): a unit vector's channels are about 1/sqrt(C), far smaller than the question state's beside them in
+    ``[phi_l ; s]`` and ``[x_1; ..; x_K; s]``, and the layers that must combine the two (is the shape the colour
+    the question names?) then learn slowly."""
 
-    def __init__(self, channels: tuple[int, ...], grid_layers: int = 0, scale: bool = False):
+    def __init__(self, channels: tuple[int, ...], scale: bool = True):
         super().__init__()
         blocks, c_in = [], 3
         for c in channels:
             blocks += [nn.Conv2d(c_in, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2)]
             c_in = c
-        for _ in range(grid_layers):
-            blocks += [nn.Conv2d(c_in, c_in, 3, padding=1, bias=False), nn.BatchNorm2d(c_in), nn.ReLU()]
         self.blocks = nn.Sequential(*blocks)
         self.channels = c_in
         self.scale = math.sqrt(c_in) if scale else 1.0
 
     def forward(self, pixels: Tensor) -> Tensor:
         grid = self.blocks(normalize(pixels))  # [B, C, h, w]
-        return self.scale * F.normalize(grid.flatten(2).transpose(1, 2), dim=-1)  # [B, L, C]
+        return self.scale * F.normalize(grid.flatten(2).transpose(1, 2), dim=-1)  # [B, L, C], each of norm scale
 
 
 class ShowAskAttendAnswer(nn.Module):
@@ -144,8 +143,6 @@ class ShowAskAttendAnswer(nn.Module):
             raise AttnkitError(f"model.attention = {cfg.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if cfg.glimpses < 1 or not cfg.cnn_channels:
             raise AttnkitError("model.glimpses and model.cnn_channels: at least one each")
-        if cfg.grid_layers < 0:
-            raise AttnkitError(f"model.grid_layers = {cfg.grid_layers}: at least 0")
         self.cfg, self.answers = cfg, list(answers)
         self.embed = nn.Embedding(vocab_size, cfg.embedding_size, padding_idx=PAD)
         self.lstm = nn.LSTM(cfg.embedding_size, cfg.hidden_size, batch_first=True)
@@ -153,7 +150,7 @@ class ShowAskAttendAnswer(nn.Module):
         reads = cfg.hidden_size
         self.cnn = None
         if cfg.attention != "none":
-            self.cnn = GridCNN(cfg.cnn_channels, cfg.grid_layers, cfg.scale_cells)
+            self.cnn = GridCNN(cfg.cnn_channels, cfg.scale_cells)
             c = self.cnn.channels
             reads += c * (cfg.glimpses if cfg.attention == "glimpses" else 1)
         if cfg.attention == "glimpses":
