@@ -15,19 +15,26 @@ pytest.importorskip("easy_vqa")
 
 from attnkit.cli import main  # noqa: E402
 from attnkit.config import load_config  # noqa: E402
-from attnkit.data.vqa import VQAExamples, read_easy_vqa  # noqa: E402
-from attnkit.models.vqa import glimpses, tile_question  # noqa: E402
+from attnkit.data import token_batches  # noqa: E402
+from attnkit.data.vqa import VQAExamples, image_batch, load_pixels, questions_by_image, read_easy_vqa  # noqa: E402
+from attnkit.models.vqa import (  # noqa: E402
+    ShowAskAttendAnswer,
+    ShowAskAttendAnswerConfig,
+    glimpses,
+    joint_hidden,
+    tile_question,
+)
 
 TRAIN_QUESTIONS, VALID_QUESTIONS, TEST_QUESTIONS = 6000, 400, 800
-TRAIN_STEPS = 800  # each of the two models, 32 questions a step: about ten seconds on one core
+TRAIN_STEPS = 800  # each of the two models, at most 128 questions (about 13 images) a step: about 20 s on one core
 
 
 def _tiny_config(attention: str, run: Path):
     return load_config(None, [
         "model.family=show_ask_attend_answer", f"model.attention={attention}", "model.cnn_channels=[8, 16, 32]",
         "model.embedding_size=16", "model.hidden_size=32", "model.attention_size=32", "model.classifier_size=64",
-        "model.dropout=0.0", "data.format=easy_vqa", "data.image_size=32", "train.batch_size=32",
-        "train.max_tokens=4096", "train.lr=3e-3", "train.optimizer=adamw", "train.schedule=constant",
+        "model.dropout=0.0", "data.format=easy_vqa", "data.image_size=32", "train.batch_size=16",
+        "train.max_tokens=128", "train.lr=3e-3", "train.optimizer=adamw", "train.schedule=constant",
         "train.warmup_steps=0", "train.label_smoothing=0.0", f"train.max_steps={TRAIN_STEPS}",
         "train.eval_every=0", "train.save_every=0", "train.log_every=1000",
         "train.progress=false", "train.fast=[]", "train.threads=1", "train.seed=2"])
@@ -78,6 +85,72 @@ def test_glimpse_formulas():
     assert torch.allclose(glimpses(alpha, phi), expected, atol=1e-6)
     tiled = tile_question(s, phi)
     assert tiled.shape == (2, 5, 10) and torch.equal(tiled[:, 3, 4:], s) and torch.equal(tiled[:, :, :4], phi)
+
+
+def test_the_attention_s_first_layer_is_w1_over_the_tiled_question():
+    """joint_hidden from W_1's two column blocks = relu(W_1 [phi_l ; s] + b_1) over the tiled question."""
+    g = torch.Generator().manual_seed(0)
+    phi, s, layer = torch.randn(2, 5, 4, generator=g), torch.randn(2, 6, generator=g), torch.nn.Linear(10, 3)
+    w_phi, w_s = layer.weight[:, :4], layer.weight[:, 4:]
+    hidden = joint_hidden(phi @ w_phi.T, s @ w_s.T + layer.bias)
+    assert torch.allclose(hidden, torch.relu(layer(tile_question(s, phi))), atol=1e-6)
+
+
+def test_an_image_batch_holds_each_of_its_images_questions_once():
+    """questions_by_image and image_batch against a direct scan: image by image, each image's questions in order,
+    each question's image_index pointing at its own image."""
+    image_of = torch.randint(0, 7, (50,), generator=torch.Generator().manual_seed(0))
+    asks = questions_by_image(image_of, 8)  # image 7: no question
+    assert asks == [[n for n in range(50) if image_of[n] == m] for m in range(8)]
+    images = [5, 2, 7, 0]
+    questions, image_index = image_batch(asks, images)
+    assert questions == [n for m in images for n in range(50) if image_of[n] == m]
+    assert [images[k] for k in image_index.tolist()] == [int(image_of[n]) for n in questions]
+    questions, image_index = image_batch(asks, [7])
+    assert questions == [] and image_index.shape == (0,)
+
+
+def test_training_batches_are_whole_images_and_cover_every_question_once(easy_vqa, tmp_path):
+    """The answering task's batches: every question of the split exactly once per epoch, each with its own image's
+    pixels (read again from its file), its own answer and its own words; at most batch_size images and max_tokens
+    questions a batch."""
+    from attnkit.train.vqa import AnswerTask
+
+    cfg = _tiny_config("glimpses", tmp_path)
+    train, valid = _slice(easy_vqa["train"], 0, 1000), _slice(easy_vqa["valid"], 0, 40)
+    task = AnswerTask(cfg, tmp_path, splits=(train, valid))
+    seen = []
+    for images in token_batches(*task.lengths("train"), 32, seed=1, max_examples=4):
+        b = task.batch("train", images)
+        assert len(b.images) == len(images) <= 4 and len(b.indices) <= 32 and b.image_index.max() < len(images)
+        assert b.questions.size(1) == max(len(task.questions["train"][n]) for n in b.indices)
+        for row, n in enumerate(b.indices):
+            own = load_pixels([train.images[n]], cfg.data.image_size)[0][0]
+            assert torch.equal(b.images[b.image_index[row]], own)
+            assert task.vocab.answers[b.targets[row]] == train.answers[n]
+            words = task.questions["train"][n]
+            assert b.questions[row, :len(words)].tolist() == words and not b.questions[row, len(words):].any()
+        seen += b.indices
+    assert sorted(seen) == list(range(len(train)))
+
+
+@pytest.mark.parametrize("attention", ["glimpses", "pooled"])
+def test_one_cnn_pass_per_image_answers_as_one_image_per_question(attention):
+    """Questions sharing images through image_index get the logits and glimpses each gets alone with its own
+    image (padded to the batch's longest question, in a batch whose images come in another order)."""
+    torch.manual_seed(0)
+    cfg = ShowAskAttendAnswerConfig(attention=attention, cnn_channels=(4, 8), embedding_size=8, hidden_size=8,
+                                    attention_size=8, classifier_size=8)
+    model = ShowAskAttendAnswer(cfg, 20, ["a", "b", "c"]).eval()
+    images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
+    questions = [[4, 5, 6], [7, 8], [9, 10, 11, 12, 13], [14]]
+    image_index = torch.tensor([2, 0, 2, 1])
+    together = model(images, torch.tensor([q + [0] * (5 - len(q)) for q in questions]), need_weights=True,
+                     image_index=image_index)
+    for b, q in enumerate(questions):
+        alone = model(images[image_index[b]][None], torch.tensor([q]), need_weights=True)
+        assert torch.allclose(together.logits[b], alone.logits[0], atol=1e-5)
+        assert torch.allclose(together.attention.cross[0][b], alone.attention.cross[0][0], atol=1e-6)
 
 
 def test_glimpses_sum_to_one_and_move_with_the_question(model, easy_vqa):

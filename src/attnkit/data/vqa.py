@@ -168,6 +168,25 @@ def load_pixels(paths: list[Path], size: int) -> tuple[Tensor, Tensor]:
     return pixels, torch.tensor([where[p] for p in paths], dtype=torch.long)
 
 
+def questions_by_image(image_of: Tensor, images: int) -> list[list[int]]:
+    """The questions about each image: ``image_of`` [N], question n's image among ``images`` (as :func:`load_pixels`
+    gives it) -> for each image m, the positions n of its questions, in question order (empty: no question)."""
+    asks: list[list[int]] = [[] for _ in range(images)]
+    for n, m in enumerate(image_of.tolist()):
+        asks[m].append(n)
+    return asks
+
+
+def image_batch(asks: list[list[int]], images: list[int]) -> tuple[list[int], Tensor]:
+    """A batch of whole images, each with all its questions (``asks``: :func:`questions_by_image`), so that a model
+    reads each image once however many questions ask about it -> (the questions' positions [B]: image by image in
+    the order of ``images``, each image's in question order; ``image_index`` [B]: question b's image, as a position
+    0..M-1 in ``images``)."""
+    questions = [n for m in images for n in asks[m]]
+    image_index = torch.tensor([k for k, m in enumerate(images) for _ in asks[m]], dtype=torch.long)
+    return questions, image_index
+
+
 @dataclass
 class QuestionVocab:
     """What a VQA checkpoint reads and writes: the questions' words (a :class:`WordVocab`, unknown words -> UNK)

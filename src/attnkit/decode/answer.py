@@ -1,7 +1,8 @@
 """Answering questions about images with a visual question answering model (:mod:`attnkit.models.vqa`).
 
 The pairs are sorted by question length and cut into batches of at most ``batch_size`` pairs, so each batch pads
-only to its own longest question (padding never reaches the answer); the answers come back in input order, each
+only to its own longest question (padding never reaches the answer), and the CNN reads each of a batch's images
+once however many of its questions ask about it; the answers come back in input order, each
 with every answer's probability, ``softmax(z)``, and each glimpse's attention over the image grid.
 """
 
@@ -51,7 +52,8 @@ def answer(model, vocab: QuestionVocab, images: list, questions: list[str], imag
     for idx in token_batches(lengths, [0] * len(ids), batch_size * (max(lengths, default=1) + 1),
                              max_examples=batch_size):
         batch = pad([ids[i] or [0] for i in idx]).to(device)
-        result = model(pixels[image_of[idx]].to(device), batch, need_weights=True)
+        used, image_index = image_of[idx].unique(return_inverse=True)  # each image of the batch read once
+        result = model(pixels[used].to(device), batch, need_weights=True, image_index=image_index.to(device))
         probabilities = result.logits.float().softmax(-1).cpu()
         alpha = result.attention.cross[0][:, :, 0].float().cpu() if result.attention.cross else None  # [B, K, L]
         for row, i in enumerate(idx):

@@ -4,9 +4,11 @@ The one "X, attend and Y" model whose attention query comes from a second input:
 attention map for each question. With the paper's names (section 3):
 
     phi = CNN(I)                                    the image grid: L = h*w cells of C channels, each l2-normalised
+                                                    (times sqrt(C): ``scale_cells``)
     s = LSTM(E q)                                   the question state: the LSTM's last state over its words
     F_c = W_2 relu(W_1 [phi_l ; s])                 attention logits of glimpse c at cell l (two 1x1 convolutions
-                                                    over the grid with s tiled over every cell)
+                                                    over the grid with s tiled over every cell), computed as
+        = W_2 relu(W_1^phi phi_l + W_1^s s)         W_1's columns that read the cell and those that read s
     alpha_{c,l} = exp F_{c,l} / sum_k exp F_{c,k}   a softmax over the cells, one map per glimpse c = 1..K
     x_c = sum_l alpha_{c,l} phi_l                   each glimpse: a weighted sum of cell features
     P(a | I, q) = softmax(W_4 relu(W_3 [x_1; ..; x_K; s]))     a classifier over the answers
@@ -16,12 +18,15 @@ the grid's mean (every alpha_l = 1/L: attention that looks everywhere), ``"none"
 image at all). The grid is the output of a small CNN trained from scratch (``cnn_channels``: one 3x3 convolution,
 batch norm, ReLU and 2x2 max-pooling per entry, so 64-pixel images and 3 entries give an 8 x 8 grid).
 
-Inputs: ``images`` [B, 3, S, S] uint8 pixels, ``questions`` [B, T] word ids (PAD after each question's end).
+Inputs: ``images`` [M, 3, S, S] uint8 pixels, ``questions`` [B, T] word ids (PAD after each question's end) and
+``image_index`` [B], the image each question asks about: a batch of M images and their B questions runs the CNN and
+W_1^phi once per image (about 10 questions ask about each easy-VQA image), the LSTM and W_1^s once per question.
 Padding never reaches the question state (the LSTM reads each question packed to its own length).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -45,7 +50,8 @@ class ShowAskAttendAnswerConfig(ModelConfig):
 
     family: str = "show_ask_attend_answer"
     attention: str = "glimpses"  # glimpses: the paper's; pooled: the grid's mean, no attention; none: no image
-    cnn_channels: tuple[int, ...] = (32, 64, 128)  # one conv-BN-ReLU-pool block each: the grid has the last's C
+    cnn_channels: tuple[int, ...] = (16, 32, 64)  # one conv-BN-ReLU-pool block each: the grid has the last's C
+    scale_cells: bool = True  # each l2-normalised cell times sqrt(C), its channels of order one as s's are
     embedding_size: int = 64  # question word embeddings
     hidden_size: int = 128  # the question LSTM's state s
     attention_size: int = 128  # the hidden channels of the attention's first 1x1 convolution
@@ -81,9 +87,19 @@ def glimpses(alpha: Tensor, phi: Tensor) -> Tensor:
 def tile_question(s: Tensor, phi: Tensor) -> Tensor:
     """``[phi_l ; s]`` for every cell l: the question state tiled over the grid, beside each cell's features.
 
-    s [B, H], phi [B, L, C] -> [B, L, C + H].
+    s [B, H], phi [B, L, C] -> [B, L, C + H]. The reference for :func:`joint_hidden`, which never builds it.
     """
     return torch.cat([phi, s.unsqueeze(1).expand(-1, phi.size(1), -1)], dim=-1)
+
+
+def joint_hidden(cell_part: Tensor, question_part: Tensor) -> Tensor:
+    """``relu(W_1 [phi_l ; s] + b_1) = relu(W_1^phi phi_l + (W_1^s s + b_1))``: the attention's hidden layer over
+    the tiled question, from W_1's two column blocks, so that the cells' part is computed once per image and the
+    question's once per question, and the [B, L, C + H] tiling is never built.
+
+    cell_part W_1^phi phi [B, L, A], question_part W_1^s s + b_1 [B, A] -> [B, L, A].
+    """
+    return F.relu(cell_part + question_part.unsqueeze(1))
 
 
 # --- the model
@@ -91,9 +107,14 @@ def tile_question(s: Tensor, phi: Tensor) -> Tensor:
 
 class GridCNN(nn.Module):
     """A small CNN trained from scratch: pixels [B, 3, S, S] -> the grid phi [B, L, C], L = (S / 2^n)^2 cells
-    (row-major), each l2-normalised (the paper's normalisation of the image features)."""
+    (row-major) for n blocks of a 3x3 convolution, batch norm, ReLU and 2x2 max-pooling.
 
-    def __init__(self, channels: tuple[int, ...]):
+    Each cell is l2-normalised (the paper's normalisation of the image features) and, with ``scale``, multiplied by
+    sqrt(C): a unit vector's channels are about 1/sqrt(C), far smaller than the question state's beside them in
+    ``[phi_l ; s]`` and ``[x_1; ..; x_K; s]``, and the layers that must combine the two (is the shape the colour
+    the question names?) then learn slowly."""
+
+    def __init__(self, channels: tuple[int, ...], scale: bool = True):
         super().__init__()
         blocks, c_in = [], 3
         for c in channels:
@@ -101,10 +122,11 @@ class GridCNN(nn.Module):
             c_in = c
         self.blocks = nn.Sequential(*blocks)
         self.channels = c_in
+        self.scale = math.sqrt(c_in) if scale else 1.0
 
     def forward(self, pixels: Tensor) -> Tensor:
         grid = self.blocks(normalize(pixels))  # [B, C, h, w]
-        return F.normalize(grid.flatten(2).transpose(1, 2), dim=-1)  # [B, L, C]
+        return self.scale * F.normalize(grid.flatten(2).transpose(1, 2), dim=-1)  # [B, L, C], each of norm scale
 
 
 class ShowAskAttendAnswer(nn.Module):
@@ -128,7 +150,7 @@ class ShowAskAttendAnswer(nn.Module):
         reads = cfg.hidden_size
         self.cnn = None
         if cfg.attention != "none":
-            self.cnn = GridCNN(cfg.cnn_channels)
+            self.cnn = GridCNN(cfg.cnn_channels, cfg.scale_cells)
             c = self.cnn.channels
             reads += c * (cfg.glimpses if cfg.attention == "glimpses" else 1)
         if cfg.attention == "glimpses":
@@ -149,26 +171,35 @@ class ShowAskAttendAnswer(nn.Module):
         _, (h, _) = self.lstm(packed)
         return h[-1]
 
-    def attend(self, phi: Tensor, s: Tensor) -> Tensor:
-        """The glimpse weights alpha [B, K, L] of grid phi [B, L, C] for question states s [B, H]."""
-        hidden = F.relu(self.attention_hidden(self.dropout(tile_question(s, phi))))  # [B, L, attention_size]
+    def attend(self, phi: Tensor, s: Tensor, image_index: Tensor | None = None) -> Tensor:
+        """The glimpse weights alpha [B, K, L] for grids phi [M, L, C] and question states s [B, H]; question b
+        looks at grid ``image_index[b]`` (None: M = B, grid b)."""
+        w_phi, w_s = self.attention_hidden.weight.split([phi.size(-1), s.size(-1)], dim=1)  # W_1 = [W_1^phi W_1^s]
+        cells = F.linear(self.dropout(phi), w_phi)  # [M, L, attention_size]
+        if image_index is not None:
+            cells = cells[image_index]  # [B, L, attention_size]
+        hidden = joint_hidden(cells, F.linear(self.dropout(s), w_s, self.attention_hidden.bias))
         return glimpse_weights(self.attention_logits(hidden).transpose(1, 2))  # [B, K, L]
 
     def forward(self, images: Tensor | None, questions: Tensor, targets: Tensor | None = None,
-                label_smoothing: float = 0.0, need_weights: bool = False) -> ModelOutput:
-        """images [B, 3, S, S] uint8 (ignored by ``attention = "none"``), questions [B, T] -> logits [B, A];
-        the attention maps' ``cross`` holds alpha as one layer [B, K, 1, L] (the K glimpses as heads, one query:
+                label_smoothing: float = 0.0, need_weights: bool = False,
+                image_index: Tensor | None = None) -> ModelOutput:
+        """images [M, 3, S, S] uint8 (ignored by ``attention = "none"``), questions [B, T] -> logits [B, A].
+        ``image_index`` [B]: the image question b asks about, ``images[image_index[b]]``, so that an image asked
+        several questions goes through the CNN once; None: one image per question (M = B, in order).
+        The attention maps' ``cross`` holds alpha as one layer [B, K, 1, L] (the K glimpses as heads, one query:
         the question), empty for the question-only baseline."""
         s = self.question_state(questions)
         parts, alpha = [s], None
         if self.cnn is not None:
-            phi = self.cnn(images)  # [B, L, C]
+            phi = self.cnn(images)  # [M, L, C]
+            mine = (lambda t: t) if image_index is None else (lambda t: t[image_index])  # each question's image
             if self.cfg.attention == "glimpses":
-                alpha = self.attend(phi, s)
-                parts.insert(0, glimpses(alpha, phi).flatten(1))  # [x_1; ..; x_K]
+                alpha = self.attend(phi, s, image_index)
+                parts.insert(0, glimpses(alpha, mine(phi)).flatten(1))  # [x_1; ..; x_K]
             else:
-                alpha = torch.full((phi.size(0), 1, phi.size(1)), 1.0 / phi.size(1), device=phi.device)
-                parts.insert(0, phi.mean(1))
+                alpha = torch.full((s.size(0), 1, phi.size(1)), 1.0 / phi.size(1), device=phi.device)
+                parts.insert(0, mine(phi.mean(1)))
         logits = self.classifier(self.dropout(torch.cat(parts, dim=-1)))
         out = ModelOutput(logits=logits)
         if targets is not None:

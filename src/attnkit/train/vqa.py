@@ -1,9 +1,12 @@
 """Visual question answering as a training task: each example is (image, question) -> one of the answers.
 
 The images are held in memory as uint8 pixels at ``data.image_size`` (each read once, however many questions ask
-about it); batches are bucketed by question length (``lengths``: the question's words) under ``train.max_tokens``,
-at most ``train.batch_size`` questions each. The loss sums the cross-entropy over the batch's questions; validation
-reports accuracy overall and per question type (``valid_accuracy_<type>``), scored with scikit-learn.
+about it). A batch is made of whole images, each with all its questions, so the CNN reads an image once per batch
+however many questions ask about it (easy-VQA asks about 10 per image, and the CNN is most of a step's cost): the
+trainer's examples are the images, ``lengths`` an image's number of questions, and a batch holds at most
+``train.batch_size`` images and ``train.max_tokens`` questions (each image counted with the batch's most questions;
+images with as many questions are bucketed together). The loss sums the cross-entropy over the batch's questions;
+validation reports accuracy overall and per question type (``valid_accuracy_<type>``), scored with scikit-learn.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from torch import Tensor
 from attnkit import registry
 from attnkit.config import ExperimentConfig
 from attnkit.data import pad, token_batches
-from attnkit.data.vqa import QuestionVocab, VQAExamples, load_pixels
+from attnkit.data.vqa import QuestionVocab, VQAExamples, image_batch, load_pixels, questions_by_image
 from attnkit.errors import AttnkitError
 from attnkit.evaluate.metrics import answer_scores
 from attnkit.train import distributed
@@ -26,16 +29,18 @@ from attnkit.train.tasks import LOSS, Metric
 
 @dataclass
 class VQABatch:
-    """Images [B, 3, S, S] uint8, questions [B, T] (PAD-padded), answers [B] (class ids) and their positions in
-    the dataset."""
+    """Images [M, 3, S, S] uint8, questions [B, T] (PAD-padded), answers [B] (class ids), ``image_index`` [B]
+    (question b asks about ``images[image_index[b]]``) and the questions' positions in the dataset [B]."""
 
     images: Tensor
     questions: Tensor
     targets: Tensor
+    image_index: Tensor
     indices: list[int]
 
     def to(self, device: torch.device) -> VQABatch:
-        return VQABatch(self.images.to(device), self.questions.to(device), self.targets.to(device), self.indices)
+        return VQABatch(self.images.to(device), self.questions.to(device), self.targets.to(device),
+                        self.image_index.to(device), self.indices)
 
 
 def read_split(cfg: ExperimentConfig, split: str, data_dir: str | None = None) -> VQAExamples:
@@ -72,11 +77,12 @@ class AnswerTask:
             where = f"{valid.origin}:{valid.lines[unseen]}" if valid.lines else valid.origin
             raise AttnkitError(f"{where}: answer {valid.answers[unseen]!r} is not among the training answers")
         self.splits = {"train": train, "valid": valid}
-        self.questions, self.targets, self.pixels, self.image_of = {}, {}, {}, {}
+        self.questions, self.targets, self.pixels, self.asks = {}, {}, {}, {}
         for split, data in self.splits.items():
             self.questions[split] = self.vocab.encode(data.questions)
             self.targets[split] = torch.tensor([index[a] for a in data.answers], dtype=torch.long)
-            self.pixels[split], self.image_of[split] = load_pixels(data.images, cfg.data.image_size)
+            self.pixels[split], image_of = load_pixels(data.images, cfg.data.image_size)
+            self.asks[split] = questions_by_image(image_of, len(self.pixels[split]))
 
     @property
     def files(self) -> list[Path]:
@@ -86,17 +92,20 @@ class AnswerTask:
         return registry.resolve(registry.task_of(self.cfg).build)(self.cfg, self.vocab, self.run_dir)
 
     def lengths(self, split: str) -> tuple[list[int], list[int]]:
-        """Each question's words (the batch pads questions to its longest), and no target tokens."""
-        questions = self.questions[split]
-        return [max(len(q), 1) for q in questions], [0] * len(questions)
+        """Each image's number of questions, and no target tokens (token_batches counts one more per example: the
+        image itself stands for it)."""
+        asks = self.asks[split]
+        return [len(a) - 1 for a in asks], [0] * len(asks)
 
-    def batch(self, split: str, indices: list[int]) -> VQABatch:
+    def batch(self, split: str, images: list[int]) -> VQABatch:
+        """``images`` (positions among the split's images), each with all its questions."""
+        indices, image_index = image_batch(self.asks[split], images)
         questions = pad([self.questions[split][i] or [0] for i in indices])
-        images = self.pixels[split][self.image_of[split][indices]]
-        return VQABatch(images, questions, self.targets[split][indices], list(indices))
+        return VQABatch(self.pixels[split][images], questions, self.targets[split][indices], image_index, indices)
 
     def loss(self, model, batch: VQABatch, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, int]:
-        out = model(batch.images, batch.questions, targets=batch.targets, label_smoothing=label_smoothing)
+        out = model(batch.images, batch.questions, targets=batch.targets, label_smoothing=label_smoothing,
+                    image_index=batch.image_index)
         return out.loss, out.nll, len(batch.indices)
 
     @torch.no_grad()
@@ -104,9 +113,9 @@ class AnswerTask:
         """Logits [N, answers] of every question of ``split``, in its order."""
         outputs = torch.zeros(len(self.questions[split]), len(self.vocab.answers))
         batch_size = self.cfg.train.batch_size or 256
-        for idx in token_batches(*self.lengths(split), max_tokens, max_examples=batch_size):
-            b = self.batch(split, idx).to(device)
-            outputs[idx] = model(b.images, b.questions).logits.float().cpu()
+        for images in token_batches(*self.lengths(split), max_tokens, max_examples=batch_size):
+            b = self.batch(split, images).to(device)
+            outputs[b.indices] = model(b.images, b.questions, image_index=b.image_index).logits.float().cpu()
         return outputs
 
     def validate(self, model, device: torch.device, max_tokens: int) -> dict:
