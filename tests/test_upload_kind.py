@@ -6,6 +6,7 @@ requests batched), and /openapi.json describes its form and its answer from the 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -40,6 +41,7 @@ class LinesKind(InputKind):
     def __init__(self):
         self.batches = []
         self.lock = threading.Lock()
+        self.gate = None  # an Event the next batch waits for (the others queue meanwhile)
 
     def read_form(self, model, form: dict, settings) -> dict:
         try:
@@ -54,6 +56,9 @@ class LinesKind(InputKind):
     def answer_uploads(self, model, name: str, payloads: list[dict], on_step=None) -> list[dict]:
         with self.lock:
             self.batches.append(len(payloads))
+            gate, self.gate = self.gate, None
+        if gate is not None:
+            gate.wait(60)
         return [{"model": name, "lines": [line[::-1] for line in p["input"]] * p["times"], "title": p["title"],
                  "batch": len(payloads)} for p in payloads]
 
@@ -104,8 +109,16 @@ def test_requests_to_one_model_with_the_same_key_share_a_batch(live):
         return server.client.post("/v1/reverse", data={"times": "1"},
                                   files={"lines": ("a.txt", f"line {i}".encode())}).json()
 
+    # the first batch is held until all four requests are admitted: those it did not take wait in the queue and
+    # share the next batch, however long the threads take to start on a busy machine
+    kind.gate = gate = threading.Event()
     with ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(post, range(4)))
+        pending = pool.map(post, range(4))
+        deadline = time.monotonic() + 60
+        while server.client.get("/health").json()["in_flight"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gate.set()
+        answers = list(pending)
     assert [a["lines"] for a in answers] == [[f"{i} enil"] for i in range(4)]
     assert max(a["batch"] for a in answers) > 1 and sum(kind.batches) == 4
 
