@@ -505,11 +505,15 @@ def test_ask_answers_and_each_question_moves_the_glimpses(page, downloads):
     assert data["answer"]["grid"] == [8, 8] and len(data["answer"]["glimpses"]) == 2
     _export(page, downloads, "png")
 def test_listen_draws_the_spectrogram_and_each_characters_attention(page, downloads):
+    """The Listen view streams the sample clip's transcript, then draws its spectrogram and each character's
+    attention; a hover shows a character's, a click plays what it attended to; an upload is transcribed alike."""
     page.open("listen", runs=1)  # transcribes the sample clip that ships with the page
     page.wait(lambda: page.data("[data-role=transcript]", "done") == "1", what="the transcript's last character")
     answer = page.js("return window.attnkit.view.exportJSON().answer")
     chars = page.finds("[data-role=transcript] span")
     assert len(chars) == len(answer["characters"]) == len(answer["attention"]) >= 1
+    # streamed: the transcript grew by a step event per character while the search ran
+    assert page.data("[data-role=transcript]", "steps") == str(len(answer["characters"]))
     assert page.canvas_colors("[data-role=spectrogram]") > 20  # the log-mel frames, drawn
     assert page.js("return document.querySelector('[data-role=audio]').src").startswith("blob:")
     assert page.js("return document.querySelector('[data-role=audio]').duration") > 0.5  # the clip is in the player

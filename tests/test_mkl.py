@@ -136,6 +136,15 @@ def test_importing_attnkit_builds_and_loads_nothing(tmp_path):
     assert "mkl_features" not in maps.stdout
 
 
+def test_the_command_line_can_still_ask_when_its_module_is_imported():
+    """``attnkit.cli.main`` asks for MKL's kernels as the process starts, which only works before torch is loaded:
+    importing the command line's module (the console script's first step) loads no torch, so the command runs the
+    kernels that :func:`attnkit.load` runs (and the packages it compiles are found under the same key)."""
+    script = "import sys, attnkit.cli\nassert 'torch' not in sys.modules, 'attnkit.cli imported torch'\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=PLAIN)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_a_results_json_records_mkl_s_kernels_and_the_setting_that_chose_them(tmp_path, monkeypatch):
     from attnkit.evaluate.results import write_results
 

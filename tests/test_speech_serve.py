@@ -220,6 +220,12 @@ def test_a_streamed_transcription_sends_steps_while_it_runs_then_the_plain_answe
             assert e["tokens"] == plain["characters"][:t + 1] or (t == len(steps) - 1 and e["done"])
             np.testing.assert_allclose(e["attention"], plain["attention"][t], atol=2e-4)
         assert steps[-1][1]["text"] == plain["transcript"] == endless.transcribe(strings.audio[1])
+        # attention=false: the same steps, none carrying attention, as the answer carries none
+        with server.client.stream("POST", "/v1/transcribe", data={"stream": "true", "attention": "false"},
+                                  files=upload) as r:
+            bare = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert [e["tokens"] for e in bare[:-1]] == [e["tokens"] for _, e in steps]
+        assert not any("attention" in e for e in bare) and bare[-1]["transcript"] == plain["transcript"]
         document = server.client.get("/openapi.json").json()["paths"]["/v1/transcribe"]["post"]
         assert "text/event-stream" in document["responses"]["200"]["content"]
         form = document["requestBody"]["content"]["multipart/form-data"]["schema"]

@@ -26,44 +26,29 @@ import sys
 from pathlib import Path
 
 from attnkit import __version__
-from attnkit.cli.answer import add_answer
-from attnkit.cli.bench import add_bench, add_plot_by_length, cmd_bench, cmd_plot_by_length
 from attnkit.cli.common import ArgumentParser, OptionError, at_least
-from attnkit.cli.data import add_data, cmd_data_fetch
-from attnkit.cli.decode import (
-    add_align,
-    add_caption,
-    add_classify,
-    add_compile,
-    add_embed,
-    add_evaluate,
-    add_generate,
-    add_transcribe,
-    add_translate,
-    cmd_align,
-    cmd_caption,
-    cmd_classify,
-    cmd_compile,
-    cmd_embed,
-    cmd_evaluate,
-    cmd_generate,
-    cmd_transcribe,
-    cmd_translate,
-)
-from attnkit.cli.export import (
-    add_average,
-    add_export,
-    add_import_marian,
-    add_shortlist,
-    cmd_average,
-    cmd_export,
-    cmd_import_marian,
-    cmd_shortlist,
-)
-from attnkit.cli.serve import add_serve, cmd_serve
-from attnkit.cli.train import add_demo, add_train, cmd_demo, cmd_train
-from attnkit.data.inputs import StreamLines
 from attnkit.errors import AttnkitError
+
+# The command groups import torch, so they are imported when the parser is built, not with this module: main asks
+# for MKL's kernels (attnkit.mkl) first, which only a process that has not loaded torch yet can
+# what this package offers from its groups, for ``from attnkit.cli import cmd_translate``
+_FROM_GROUPS = {"StreamLines": "attnkit.data.inputs",
+                **{f"cmd_{name}": "attnkit.cli.decode" for name in (
+                    "align", "caption", "classify", "compile", "embed", "evaluate", "generate", "transcribe",
+                    "translate")},
+                **{f"cmd_{name}": "attnkit.cli.export" for name in ("average", "export", "import_marian",
+                                                                     "shortlist")},
+                "cmd_bench": "attnkit.cli.bench", "cmd_plot_by_length": "attnkit.cli.bench",
+                "cmd_data_fetch": "attnkit.cli.data", "cmd_serve": "attnkit.cli.serve",
+                "cmd_train": "attnkit.cli.train", "cmd_demo": "attnkit.cli.train"}
+
+
+def __getattr__(name: str):
+    if name in _FROM_GROUPS:
+        import importlib
+
+        return getattr(importlib.import_module(_FROM_GROUPS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,9 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a Python file (or module) that registers model families or input kinds "
                              "(attnkit.register_family; docs/extending.md); repeatable, also ATTNKIT_PLUGINS")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (add_train, add_translate, add_transcribe, add_evaluate, add_classify, add_align, add_plot_by_length,
-                add_caption, add_answer, add_generate, add_embed, add_shortlist, add_average, add_export,
-                add_import_marian, add_compile, add_serve, add_demo, add_data, add_bench):
+    from attnkit.cli import answer, bench, data, decode, export, serve, train
+
+    for add in (train.add_train, decode.add_translate, decode.add_transcribe, decode.add_evaluate,
+                decode.add_classify, decode.add_align, bench.add_plot_by_length, decode.add_caption,
+                answer.add_answer, decode.add_generate, decode.add_embed, export.add_shortlist, export.add_average,
+                export.add_export, export.add_import_marian, decode.add_compile, serve.add_serve, train.add_demo,
+                data.add_data, bench.add_bench):
         add(sub)
     return _add_threads_option(parser)
 
@@ -175,9 +164,4 @@ def _report(e: Exception) -> int:
     return 1
 
 
-__all__ = [
-    "StreamLines", "build_parser", "cmd_align", "cmd_average", "cmd_bench", "cmd_caption", "cmd_classify",
-    "cmd_compile", "cmd_data_fetch", "cmd_demo", "cmd_embed", "cmd_evaluate", "cmd_export", "cmd_generate",
-    "cmd_import_marian", "cmd_plot_by_length", "cmd_serve", "cmd_shortlist", "cmd_train", "cmd_transcribe",
-    "cmd_translate", "main",
-]
+__all__ = ["build_parser", "main", *_FROM_GROUPS]

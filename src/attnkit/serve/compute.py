@@ -225,7 +225,7 @@ def run_translate(jobs: list[Job], settings) -> list:
     if any(j.streaming for j in jobs):
         # each sentence's source positions (EOS included): a batch's attention rows are padded past them
         lengths = [len(ids) + 1 for ids in model.tokenizers.src.encode([j.payload.sentences[i] for j, i in owners])]
-        on_step = step_events(model.target_tokenizer, jobs, owners, lengths)
+        on_step = step_events(model.target_tokenizer, jobs, owners, lengths, attention)
     results = model.translate(sentences, beam=beam, len_penalty=len_penalty, n_best=n_best,
                               batch_tokens=settings.max_batch_tokens, details=True, need_weights=attention,
                               on_step=on_step)
@@ -255,11 +255,13 @@ def translate_answer(m, translations, n_best: int, attention: bool) -> dict:
     return out
 
 
-def step_events(tgt, jobs: list[Job], owners: list[tuple[Job, int]], lengths: list[int]):
+def step_events(tgt, jobs: list[Job], owners: list[tuple[Job, int]], lengths: list[int], attention: bool):
     """The ``on_step`` of a decoding batch (:meth:`attnkit.api.Model.translate`'s, and an upload's that streams):
     a ``step`` event per live input of each streaming request; stops the search (:class:`Abandoned`) once every
     request of the batch has left. ``tgt``: the tokenizer of the output; ``owners``: each batch row's request and
-    its index there; ``lengths``: each row's source positions (a batch's attention rows are padded past them)."""
+    its index there; ``lengths``: each row's source positions (a batch's attention rows are padded past them);
+    ``attention``: whether the batch's requests asked for attention (a key field, so all or none), which its events
+    then carry."""
 
     def hypothesis(ids: list[int]) -> dict:
         return {"tokens": list(tgt.id_to_piece(ids)), "text": tgt.decode(ids)}
@@ -296,7 +298,7 @@ def step_events(tgt, jobs: list[Job], owners: list[tuple[Job, int]], lengths: li
             if k > 1:
                 event["beams"] = [{**hypothesis(h), "score": _score(s)} for h, s in zip(histories, scores[p])
                                   if s != float("-inf")]
-            if attn is not None:
+            if attention and attn is not None:
                 event["attention"] = _rounded(attn[:lengths[batch[row]]])
             job.emit("step", event)
 
@@ -432,7 +434,9 @@ def run_upload(jobs: list[Job], settings) -> list:
     on_step = None
     if any(j.streaming for j in jobs):
         lengths = [model.kind.length(model, j.payload["input"]) for j in jobs]
-        on_step = step_events(model.target_tokenizer, jobs, [(j, 0) for j in jobs], lengths)
+        # whether attention is asked is a key field of an upload that declares it: the batch agrees
+        on_step = step_events(model.target_tokenizer, jobs, [(j, 0) for j in jobs], lengths,
+                              jobs[0].payload.get("attention", False))
     try:
         return model.kind.answer_uploads(model, m.name, [j.payload for j in jobs], on_step)
     except (ApiError, AttnkitError):

@@ -66,14 +66,18 @@ export async function postForm(path, form, { signal } = {}) {
 }
 
 /**
- * POST ``body`` and read the answer as server-sent events: onEvent(eventName, data) per event (data parsed as
- * JSON when it is JSON). Resolves when the stream ends. A JSON (non-stream) answer is passed as one "result"
- * event, so a server that does not stream still works.
+ * POST ``body`` (an object, sent as JSON, or a FormData, sent as a multipart form) and read the answer as
+ * server-sent events: onEvent(eventName, data) per event (data parsed as JSON when it is JSON). Resolves when the
+ * stream ends. A JSON (non-stream) answer is passed as one "result" event, so a server that does not stream still
+ * works.
  */
 export async function postStream(path, body, onEvent, { signal } = {}) {
+  const form = body instanceof FormData;
   const res = await fetch(url(path), {
-    method: "POST", headers: headers({ "Content-Type": "application/json", Accept: "text/event-stream" }),
-    body: JSON.stringify(body), signal,
+    method: "POST",
+    headers: headers(form ? { Accept: "text/event-stream" }
+      : { "Content-Type": "application/json", Accept: "text/event-stream" }),
+    body: form ? body : JSON.stringify(body), signal,
   });
   if (!res.ok) throw await failure(res);
   const type = res.headers.get("content-type") || "";

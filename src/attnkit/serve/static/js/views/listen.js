@@ -1,8 +1,8 @@
-// Listen: a clip (the sample, or an upload) is transcribed; the spectrogram is drawn, the transcript appears
-// character by character, and under the spectrogram each character's attention over the frames (LAS's alignment).
-// A click on a character plays the stretch of sound it attended to.
+// Listen: a clip (the sample, or an upload) is transcribed as a stream: each character appears as the search
+// decides it, with its attention over the frames drawn as it comes; then the spectrogram, and under it each
+// character's attention (LAS's alignment). A click on a character plays the stretch of sound it attended to.
 
-import { postForm } from "../api.js";
+import { postStream } from "../api.js";
 import { CMAPS } from "../colormap.js";
 import { pickModel, writeHash } from "../state.js";
 import { h, header, job, labeled, modelSelect, noModel, status } from "../ui.js";
@@ -10,7 +10,6 @@ import { h, header, job, labeled, modelSelect, noModel, status } from "../ui.js"
 const ID = "listen";
 const SAMPLE = "samples/digits.wav";
 const WIDTH = 720, SPEC_H = 120, ATT_H = 60;
-const REVEAL_MS = 120;
 const NEEDS = { what: "speech model", capability: "transcribe", has: (m) => m.capabilities.has("transcribe"),
   start: "a LAS or Speech Transformer checkpoint, e.g. a run of configs/fsdd_digits_las.toml" };
 
@@ -36,7 +35,9 @@ function drawSpectrogram(canvas, frames, width, height) {
   g.drawImage(cells, 0, 0, width, height);
 }
 
-/** One character's attention over the encoder's frames: a bar per frame, on the spectrogram's time axis. */
+/** One character's attention over the encoder's frames: a bar per frame, on the spectrogram's time axis. While
+ * the search runs the frames' times are not known yet: the frames then share the width evenly (they are evenly
+ * spaced in time). */
 function drawAttention(canvas, weights, frames, seconds, width, height) {
   canvas.width = width; canvas.height = height;
   const g = canvas.getContext("2d");
@@ -45,7 +46,7 @@ function drawAttention(canvas, weights, frames, seconds, width, height) {
   const top = Math.max(...weights, 1e-9);
   g.fillStyle = "#c0392b";
   weights.forEach((w, u) => {
-    const [a, b] = frames[u];
+    const [a, b] = frames ? frames[u] : [(u * seconds) / weights.length, ((u + 1) * seconds) / weights.length];
     const x = (a / seconds) * width, bw = Math.max(1, ((b - a) / seconds) * width - 1);
     g.fillRect(x, height * (1 - w / top), bw, height * (w / top));
   });
@@ -69,7 +70,7 @@ function mount(root, ctx, params) {
       + "character; under the spectrogram, where each character listened. Click a character to hear that stretch." });
   if (!models.length) { noModel(root, NEEDS); return view; }
   const st = { model: pickModel(models, params.model), char: -1 };
-  let blob = null, answer = null, timer = null, stopAt = null;
+  let blob = null, answer = null, stopAt = null;
   const save = () => writeHash(ID, { model: st.model });
 
   const file = h("input", { type: "file", accept: "audio/*", "data-role": "upload", onchange: () => upload() });
@@ -120,34 +121,53 @@ function mount(root, ctx, params) {
     player.play().catch(() => {});
   }
 
-  function reveal(n) {
-    const chars = answer.characters;
-    text.replaceChildren(...chars.slice(0, n).map((c, i) => h("span", { class: "char", "data-i": i,
-      title: "click: play what it attended to", onmouseenter: () => show(i), onclick: () => play(i) },
+  /** The characters as spans; once the answer is in, each shows its attention on hover and plays on a click. */
+  function spell(chars) {
+    text.replaceChildren(...chars.map((c, i) => h("span", answer
+      ? { class: "char", "data-i": i, title: "click: play what it attended to", onmouseenter: () => show(i),
+        onclick: () => play(i) }
+      : { class: "char", "data-i": i },
     c === " " ? "\u2423" : c)));
-    if (n > 0) show(n - 1);
-    if (n < chars.length) timer = setTimeout(() => reveal(n + 1), REVEAL_MS);
-    else text.dataset.done = "1";
+  }
+
+  /** A search step: the partial transcript, and its newest character's attention over the frames. */
+  function step(e) {
+    text.dataset.steps = String(Number(text.dataset.steps || 0) + 1);
+    spell(e.tokens);
+    const seconds = Number.isFinite(player.duration) ? player.duration : 1;
+    if (e.attention) drawAttention(att, e.attention, null, seconds, WIDTH, ATT_H);
+    att.dataset.char = String(e.tokens.length - 1);
+  }
+
+  function finish(a) {
+    answer = a;
+    drawSpectrogram(spec, answer.spectrogram, WIDTH, SPEC_H);
+    status(msg, `${answer.transcript}  (${answer.seconds} s, log p = ${answer.score.toFixed(2)})`);
+    spell(answer.characters);
+    show(answer.characters.length - 1);
+    text.dataset.done = "1";
   }
 
   async function run() {
     if (!blob) await pickSample();
-    clearTimeout(timer);
-    text.dataset.done = "";
+    text.dataset.done = ""; text.dataset.steps = "0";
+    answer = null;
     const form = new FormData();
     form.append("audio", blob, blob.name || "clip.wav");
     form.append("model", st.model);
+    form.append("stream", "true");
     await work.run(async (signal) => {
-      answer = await postForm("/v1/transcribe", form, { signal });
-      drawSpectrogram(spec, answer.spectrogram, WIDTH, SPEC_H);
-      status(msg, `${answer.transcript}  (${answer.seconds} s, log p = ${answer.score.toFixed(2)})`);
-      reveal(1);
+      await postStream("/v1/transcribe", form, (name, data) => {
+        if (name === "step") step(data);
+        else if (name === "done" || name === "result") finish(data);
+        else if (name === "error") throw new Error(data.error);
+      }, { signal });
     });
   }
 
   view.exportPNG = () => [{ canvas: spec, title: answer ? answer.transcript : "" }];
   view.exportJSON = () => ({ view: ID, model: st.model, answer });
-  view.unmount = () => { work.abort(); clearTimeout(timer); };
+  view.unmount = () => { work.abort(); };
   view.run = run;
   view.first = pickSample().then(run).catch((e) => status(msg, e.message, true));
   return view;
