@@ -260,24 +260,6 @@ def test_translation_models_compile_by_default_at_their_first_large_job(trained_
         compiles_by_default(make_model())
 
 
-@pytest.mark.slow
-def test_a_model_compiling_in_the_background_translates_eagerly_meanwhile_then_compiled(trained_checkpoint):
-    """``compile(background=True)``: translation goes on with the eager decoder while a thread compiles and warms up
-    the steps; then the compiled decoder, sealed, takes over and translates as the eager one does."""
-    sentences = ["1 May 2000", "12 December 1999", "Tuesday, March 4th 1997"]
-    eager = attnkit.load(trained_checkpoint, compile=False)
-    expected = eager.translate(sentences, beam=1)
-    model = attnkit.load(trained_checkpoint, compile=False)
-    first = model.decoder
-    model.compile(freeze=False, cache=False, beams=(1,), background=True)
-    assert model.compiling is not None
-    assert model.translate(sentences, beam=1) == expected  # eager or compiled, whichever holds the model now
-    model.compiling.join(timeout=600)
-    assert not model.compiling.is_alive()
-    assert model.decoder is not first and type(model.decoder).__name__ == "CompiledDecoder"
-    assert model.translate(sentences, beam=1) == expected
-
-
 def test_a_background_compile_that_fails_leaves_the_model_decoding_eagerly(trained_checkpoint, monkeypatch, caplog):
     """A compiler's failure in the background thread is recorded and logged in one line; the eager decoder goes on
     translating (a server keeps answering)."""

@@ -1,4 +1,5 @@
-"""The command line end to end: train on a Multi30k slice for 200 steps, translate, compile, evaluate.
+"""The command line end to end: train on a Multi30k slice for 200 steps, translate, compile (and load the compiled
+steps in the background through the Python API, as a server does), evaluate.
 
 About a minute on one CPU thread; deselect with ``-m 'not slow'``.
 """
@@ -110,15 +111,27 @@ def test_train_translate_evaluate(tmp_path, data_dir):
                                   "1", *extra, cwd=tmp_path, ATTNKIT_COMPILE="1", ATTNKIT_CACHE=str(cache)).stderr
     assert read_lines(compiled) == read_lines(eager)
     assert "attnkit: compiling" not in runs[compiled] + runs[eager]
-    script = ("import sys, attnkit\nm = attnkit.load(sys.argv[1]).compile(beams=(1,))\n"
-              "print(type(m.decoder).__name__)\n"
-              "print('\\n'.join(m.translate(open(sys.argv[2], encoding='utf-8').read().splitlines(), beam=1)))\n")
+    # attnkit.load(...).compile(background=True), as a server starts: translation goes on with the eager decoder
+    # while a thread loads (here) or compiles the steps, then the compiled decoder, sealed, takes over
+    script = """import sys, attnkit
+m = attnkit.load(sys.argv[1])
+first = m.decoder
+m.compile(beams=(1,), background=True)
+assert m.compiling is not None
+sentences = open(sys.argv[2], encoding="utf-8").read().splitlines()
+meanwhile = m.translate(sentences, beam=1)  # eager or compiled, whichever holds the model now
+m.compiling.join(timeout=200)
+assert not m.compiling.is_alive() and m.compile_error is None and m.decoder is not first
+print(type(m.decoder).__name__)
+print("\\n".join(meanwhile))
+print("\\n".join(m.translate(sentences, beam=1)))
+"""
     out = subprocess.run([sys.executable, "-c", script, str(run), str(few)], capture_output=True, text=True,
                          cwd=tmp_path, timeout=240,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "ATTNKIT_CACHE": str(cache)})
     assert out.returncode == 0, out.stderr[-3000:]
     kind, *lines = out.stdout.splitlines()
-    assert kind == "CompiledDecoder" and lines == read_lines(eager)
+    assert kind == "CompiledDecoder" and lines == read_lines(eager) * 2
     assert "attnkit: compiling" not in out.stderr  # loaded from the cache attnkit compile filled
 
     # evaluate 100 validation sentences
