@@ -2,8 +2,12 @@
 in time (and in frequency), then attnkit's Transformer encoder-decoder spells characters.
 
     z = ReLU(Conv2d_s2(ReLU(Conv2d_s2(x))))        x [B, 1, T, F] -> z [B, C, T/4, F/4]
-    e = W vec(z) + PE                               [B, T/4, d_model], sinusoidal positions
+    e = sqrt(d_model) W vec(z) + PE                 [B, T/4, d_model], sinusoidal positions
     memory = Encoder(e);  the decoder as :class:`~attnkit.models.transformer.EncoderDecoder`'s
+
+The projected frames are scaled by sqrt(d_model) as the Transformer scales its token embeddings (and ESPnet its
+subsampled frames): unscaled, they start some eight times smaller than the positions they are added to, and the
+decoder learned to spell digit strings from its own history alone, never attending to the sound.
 
 Each convolution's output past a row's length is zeroed, so a padded batch sees exactly what the row alone sees
 (zeros where the convolution pads it), and the encoder masks the padded frames it is left with.
@@ -11,6 +15,7 @@ Each convolution's output past a row's length is zeroed, so a padded batch sees 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from torch import Tensor, nn
@@ -66,6 +71,7 @@ class SpeechTransformer(EncoderDecoder):
         self.cfg = cfg
         d = cfg.d_model
         self.subsample = ConvSubsampling(n_mels, cfg.conv_channels, d)
+        self.scale = math.sqrt(d)
         self.src_positions = make_positional(cfg.positional, d, cfg.max_positions)
         self.src_dropout = nn.Dropout(cfg.dropout)
         self.encoder = encoder_layers(cfg)
@@ -83,7 +89,7 @@ class SpeechTransformer(EncoderDecoder):
         layer's self-attention [B, H, T/4, T/4]."""
         x, lengths = self.subsample(source)
         padding_mask = frame_padding_mask(lengths, x.size(1))
-        x = self.src_dropout(x + self.src_positions(x.size(1)))
+        x = self.src_dropout(x * self.scale + self.src_positions(x.size(1)))
         weights = []
         for layer in self.encoder:
             out = layer(x, padding_mask, need_weights)
