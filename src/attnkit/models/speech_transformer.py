@@ -6,8 +6,8 @@ in time (and in frequency), then attnkit's Transformer encoder-decoder spells ch
     memory = Encoder(e);  the decoder as :class:`~attnkit.models.transformer.EncoderDecoder`'s
 
 The projected frames are scaled by sqrt(d_model) as the Transformer scales its token embeddings (and ESPnet its
-subsampled frames): unscaled, they start some eight times smaller than the positions they are added to, and the
-decoder learned to spell digit strings from its own history alone, never attending to the sound.
+subsampled frames): unscaled, they start some eight times smaller than the positions they are added to, so that
+the encoder would at first see mostly where a frame is, not what it holds.
 
 Each convolution's output past a row's length is zeroed, so a padded batch sees exactly what the row alone sees
 (zeros where the convolution pads it), and the encoder masks the padded frames it is left with.
