@@ -22,7 +22,7 @@ from attnkit.errors import AttnkitError
 from attnkit.models.las import LAS, LASConfig
 from attnkit.models.speech_transformer import SpeechTransformer, SpeechTransformerConfig
 from attnkit.nn.audio import Frames, pad_frames
-from attnkit.tokens import BOS
+from attnkit.tokens import BOS, EOS, PAD
 
 RATE = 8000
 
@@ -148,6 +148,38 @@ def test_padding_never_changes_what_a_row_hears_or_spells(make):
         torch.testing.assert_close(cross[..., :n], alone.attention.cross[-1][0], atol=1e-5, rtol=1e-5)
         assert float(cross[..., n:].abs().sum()) == 0.0  # no weight on padding
         torch.testing.assert_close(cross.sum(-1), torch.ones(cross.shape[:-1]))  # each step's weights sum to one
+
+
+def test_the_joint_ctc_loss_mixes_the_attention_loss_with_torchs_ctc_over_the_encoder_frames():
+    """``ctc_weight`` w: the loss is (1 - w) times the attention loss of the same weights without CTC plus w times
+    CTC's -log p(y | x) of the characters (EOS and padding not among them), computed here by torch's ctc_loss one
+    utterance at a time over the model's own encoder frames and CTC layer; so padding changes nothing, and w = 0
+    builds no CTC layer."""
+    torch.manual_seed(0)
+    cfg = SpeechTransformerConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=1,
+                                  conv_channels=4, dropout=0.0, ctc_weight=0.3)
+    joint = SpeechTransformer(cfg, 20, 15).eval()
+    plain = SpeechTransformer(dataclasses.replace(cfg, ctc_weight=0.0), 20, 15).eval()
+    assert plain.ctc_output is None
+    plain.load_state_dict({k: v for k, v in joint.state_dict().items() if not k.startswith("ctc_output")})
+    utterances = random_frames([90, 61, 120], seed=3)
+    characters = [[5, 6, 5, 9], [7, 4], [8, 8, 6, 4, 10]]
+    width = max(map(len, characters)) + 1
+    tgt_in = torch.tensor([[BOS, *c] + [PAD] * (width - 1 - len(c)) for c in characters])
+    targets = torch.tensor([[*c, EOS] + [PAD] * (width - 1 - len(c)) for c in characters])
+    batch = pad_frames(utterances)
+    loss = joint(batch, tgt_in, targets).loss
+    attention = plain(batch, tgt_in, targets).loss
+    ctc = 0.0
+    for f, c in zip(utterances, characters):
+        memory = joint.encode(pad_frames([f]))
+        log_probs = joint.ctc_output(memory.states).log_softmax(-1)[0]  # [U, V]
+        ctc += float(torch.nn.functional.ctc_loss(log_probs[:, None], torch.tensor([c]),
+                                                  torch.tensor([log_probs.size(0)]), torch.tensor([len(c)]),
+                                                  blank=PAD, reduction="sum"))
+    assert float(loss) == pytest.approx(0.7 * float(attention) + 0.3 * ctc, rel=1e-5)
+    loss.backward()
+    assert joint.ctc_output.weight.grad.abs().sum() > 0 and joint.subsample.proj.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("make", [las, speech_transformer])

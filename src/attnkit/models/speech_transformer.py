@@ -5,6 +5,12 @@ in time (and in frequency), then attnkit's Transformer encoder-decoder spells ch
     e = sqrt(d_model) W vec(z) + PE                 [B, T/4, d_model], sinusoidal positions
     memory = Encoder(e);  the decoder as :class:`~attnkit.models.transformer.EncoderDecoder`'s
 
+With ``ctc_weight`` above zero the encoder also learns CTC (Kim, Hori and Watanabe, ICASSP 2017, as ESPnet trains
+its Speech Transformers): a linear layer reads the characters off each encoder frame, and the training loss is
+``(1 - w) * attention loss + w * CTC's -log p(y | x)``, which pushes the encoder to hold the characters in order
+before the decoder has learned to find them. Decoding is the decoder's alone; ``ctc_weight = 0`` is Dong et al.'s
+model.
+
 The projected frames are scaled by sqrt(d_model) as the Transformer scales its token embeddings (and ESPnet its
 subsampled frames): unscaled, they start some eight times smaller than the positions they are added to, so that
 the encoder would at first see mostly where a frame is, not what it holds.
@@ -20,15 +26,18 @@ from dataclasses import dataclass, replace
 
 from torch import Tensor, nn
 
+from attnkit.models.contract import ModelOutput
 from attnkit.models.transformer import EncoderDecoder, EncoderDecoderSizes, Memory, encoder_layers
 from attnkit.nn import make_positional
 from attnkit.nn.audio import Frames, conv_lengths, frame_padding_mask
+from attnkit.nn.loss import ctc_nll
+from attnkit.tokens import EOS, PAD
 
 
 @dataclass
 class SpeechTransformerConfig(EncoderDecoderSizes):
     """The Speech Transformer: ``conv_channels`` channels in each of the two 3x3 stride-2 convolutions, then the
-    Transformer's sizes."""
+    Transformer's sizes; ``ctc_weight``: the share of the joint CTC loss in training (0: none, the paper's)."""
 
     family: str = "speech_transformer"
     d_model: int = 144
@@ -37,6 +46,7 @@ class SpeechTransformerConfig(EncoderDecoderSizes):
     n_encoder_layers: int = 4
     n_decoder_layers: int = 2
     conv_channels: int = 32
+    ctc_weight: float = 0.0
 
 
 class ConvSubsampling(nn.Module):
@@ -77,6 +87,8 @@ class SpeechTransformer(EncoderDecoder):
         self.encoder = encoder_layers(cfg)
         self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
         self.build_decoder(cfg, vocab_size)
+        # the characters read off each encoder frame, PAD (never a target) as CTC's blank
+        self.ctc_output = nn.Linear(d, vocab_size) if cfg.ctc_weight > 0 else None
 
     time_reduction = 4  # feature frames per encoder frame
 
@@ -97,6 +109,22 @@ class SpeechTransformer(EncoderDecoder):
             weights.append(out.self_weights)
         memory = Memory(self.encoder_norm(x), padding_mask)
         return replace(memory, weights=weights) if need_weights else memory
+
+
+    def forward(self, source: Frames, tgt_in: Tensor, targets: Tensor | None = None, label_smoothing: float = 0.0,
+                need_weights: bool = False) -> ModelOutput:
+        """Teacher forcing as :class:`EncoderDecoder`'s; with targets [B, T] (characters, then EOS) and
+        ``ctc_weight`` w > 0 the loss is ``(1 - w) * attention loss + w * CTC's -log p(y | x)`` summed over the
+        batch."""
+        memory = self.encode(source, need_weights)
+        out = self.teacher_forced(memory, tgt_in, targets, label_smoothing, need_weights)
+        if targets is None or self.ctc_output is None:
+            return out
+        w = self.cfg.ctc_weight
+        characters = targets.ne(PAD) & targets.ne(EOS)
+        log_probs = self.ctc_output(memory.states).log_softmax(-1)
+        ctc = ctc_nll(log_probs, memory.padding_mask.logical_not().sum(1), targets, characters.sum(1), blank=PAD)
+        return replace(out, loss=(1 - w) * out.loss + w * ctc)
 
 
 def build_speech_transformer(cfg: SpeechTransformerConfig, n_mels: int, vocab_size: int) -> SpeechTransformer:

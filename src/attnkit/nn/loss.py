@@ -6,6 +6,9 @@ Per target token y, with smoothing ``eps`` spread uniformly over the V words (fa
 
 Padding targets (``ignore_index``) count nothing. The fast runtime's fused versions
 (:mod:`attnkit.fast.loss`) give the same values and gradients.
+
+Beside it, speech's auxiliary objective: CTC (Graves et al. 2006) over an encoder's frames, ``-log p(y | x)`` summed
+over every alignment of the characters to the frames that a blank may separate (torch's ``ctc_loss``).
 """
 
 from __future__ import annotations
@@ -35,3 +38,13 @@ def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
     hidden [..., d], weight [V, d] (a bias-free output layer), target [...] -> (smoothed loss sum, NLL sum).
     """
     return label_smoothed_nll(hidden @ weight.t(), target, epsilon, ignore_index)
+
+
+def ctc_nll(log_probs: Tensor, lengths: Tensor, targets: Tensor, target_lengths: Tensor, blank: int) -> Tensor:
+    """``-log p(y | x) = -log sum_{a in B^-1(y)} prod_t p(a_t | x)`` summed over the batch, where B removes repeats
+    and then blanks from a frame-wise labelling a (Graves et al. 2006, eq. 2-3; torch's ``ctc_loss``).
+
+    log_probs [B, T, V] (log-softmax over the labels, ``blank`` among them), lengths [B] (real frames),
+    targets [B, S] (padded), target_lengths [B] -> the sum; an utterance too short for its labels counts zero."""
+    return F.ctc_loss(log_probs.float().transpose(0, 1), targets, lengths, target_lengths, blank=blank,
+                      reduction="sum", zero_infinity=True)
