@@ -117,7 +117,7 @@ def main() -> int:
         ct2_dir = ct2.export_ctranslate2(path, Path(tmp) / "ct2", vmap=args.shortlist)
         # compiled as the command line and attnkit.load(...).translate compile (Model.compile): the search steps and
         # the encoder ahead of time, kept in the user's cache (a second run of this bench loads them)
-        options = {"compile": True, "freeze": True, "cache": True, "encoder": False} \
+        options = {"compile": True, "freeze": True, "cache": True} \
             if args.compile else {}
         ours = {f"attnkit_{p}": fast.decoder(model, precision=p, **options) for p in precisions}
         decoders = {name: attnkit_decoder(d) for name, d in ours.items()}

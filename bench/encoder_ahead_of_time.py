@@ -39,10 +39,10 @@ def main() -> int:
     keep_freed_memory()
     torch.set_num_threads(args.threads)
     (model, cfg, toks, path), refs, ids, order = test_set(resolve_checkpoint(args.checkpoint), args.data_dir)
-    options = {"compile": True, "freeze": True, "cache": True, "encoder": False}
+    options = {"compile": True, "freeze": True, "cache": True}
     packaged = fast.decoder(model, **options)
     eager_encoder = fast.decoder(model, **options)
-    eager_encoder._prepare = None  # the ablation: encode and init_state run eagerly, the steps as packaged
+    eager_encoder._aot_encoder.sealed = True  # the ablation: no encoder package, so encoding runs eagerly
     decoders = {"encoder_ahead_of_time": attnkit_decoder(packaged), "encoder_eager": attnkit_decoder(eager_encoder)}
     cells, ratios = {}, {}
     for beam in (1, 5):
