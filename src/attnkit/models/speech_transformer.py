@@ -117,7 +117,7 @@ class SpeechTransformer(EncoderDecoder):
         ``ctc_weight`` w > 0 the loss is ``(1 - w) * attention loss + w * CTC's -log p(y | x)`` summed over the
         batch."""
         memory = self.encode(source, need_weights)
-        out = self.teacher_forced(memory, tgt_in, targets, label_smoothing, need_weights)
+        out = self.decoder_forward(memory, tgt_in, targets, label_smoothing, need_weights)
         if targets is None or self.ctc_output is None:
             return out
         w = self.cfg.ctc_weight

@@ -152,10 +152,10 @@ class EncoderDecoder(GenerativeModel):
         With ``targets`` [B, T] the loss and NLL are summed over the non-pad targets and the logits are not kept
         (the loss may make them only where the target is real); without, the logits [B, T, V].
         """
-        return self.teacher_forced(self.encode(source, need_weights), tgt_in, targets, label_smoothing, need_weights)
+        return self.decoder_forward(self.encode(source, need_weights), tgt_in, targets, label_smoothing, need_weights)
 
-    def teacher_forced(self, memory: Memory, tgt_in: Tensor, targets: Tensor | None = None,
-                       label_smoothing: float = 0.0, need_weights: bool = False) -> ModelOutput:
+    def decoder_forward(self, memory: Memory, tgt_in: Tensor, targets: Tensor | None = None,
+                        label_smoothing: float = 0.0, need_weights: bool = False) -> ModelOutput:
         """The decoder's half of :meth:`forward`, over an encoded ``memory``."""
         hidden, self_weights, cross_weights = self.decode_all(tgt_in, memory, need_weights)
         attention = AttentionMaps(memory.weights, self_weights, cross_weights) if need_weights else None
