@@ -110,7 +110,6 @@ class SpeechTransformer(EncoderDecoder):
         memory = Memory(self.encoder_norm(x), padding_mask)
         return replace(memory, weights=weights) if need_weights else memory
 
-
     def forward(self, source: Frames, tgt_in: Tensor, targets: Tensor | None = None, label_smoothing: float = 0.0,
                 need_weights: bool = False) -> ModelOutput:
         """Teacher forcing as :class:`EncoderDecoder`'s; with targets [B, T] (characters, then EOS) and
