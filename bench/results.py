@@ -748,11 +748,44 @@ def block_speech(results: dict) -> str:
                 rows.append(f"| {label} | {data} | {NOT_RECORDED} | {NOT_RECORDED} | {NOT_RECORDED} | "
                             f"{NOT_RECORDED} | no {key}.json |")
                 continue
-            m = r.get("metrics", {})
-            rows.append(f"| {label} | {data} | {minutes(r)} | {number(m.get('test_cer'))} | "
-                        f"{number(m.get('test_digit_error_rate'))} | {number(m.get('test_string_accuracy'))} | "
-                        f"{link(key, '../bench/results/')} |")
-    return "\n".join(rows) + "\n"
+            rows.append(_speech_row(label, data, r, key))
+        for key in sorted(k for k in results if k.startswith(f"{name}_") and "_heldout_" not in k):
+            data = f"digit strings, unseen recordings; {_differs(results[key], key)}"
+            rows.append(_speech_row(label, data, results[key], key))
+    curves = []
+    for name, label in SPEECH:
+        for key in sorted(k for k in results if k == name or (k.startswith(f"{name}_") and "_heldout_" not in k)):
+            points = "; ".join(f"{number(c.get('step'), 0)}: {number(c.get('valid_loss'), 3)}, "
+                               f"{number(c.get('valid_cer'))}" for c in results[key].get("curve", []))
+            curves.append(f"- {label}, {link(key, '../bench/results/')}: {points}")
+    return "\n".join(rows) + ("\n\nValidation curves (step: validation loss, validation CER, greedy):\n\n"
+                               + "\n".join(curves) if curves else "") + "\n"
+
+
+def _speech_row(label: str, data: str, r: dict, key: str) -> str:
+    m = r.get("metrics", {})
+    return (f"| {label} | {data} | {minutes(r)} | {number(m.get('test_cer'))} | "
+            f"{number(m.get('test_digit_error_rate'))} | {number(m.get('test_string_accuracy'))} | "
+            f"{link(key, '../bench/results/')} |")
+
+
+# runs beside a recipe made before its config changed, so that their commands no longer say how they differ
+EARLIER_CONFIG = {"fsdd_digits_speech_transformer_one_thread": "the earlier, lower CTC weight",
+                  "fsdd_digits_speech_transformer_lower_ctc_weight": "the earlier, lower CTC weight"}
+
+
+def _differs(r: dict, key: str) -> str:
+    """What a run beside a recipe's changed, read from its command: its threads where not the recipe's two, and the
+    keys its --set overrides changed (their values are in its JSON's command): a different budget or model, a row of
+    its own."""
+    words = str(r.get("command", "")).split()
+    changes = [f"`{words[i + 1].partition('=')[0]}` changed" for i, w in enumerate(words[:-1]) if w == "--set"]
+    threads = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--threads"), "2")
+    if threads != "2":
+        changes.insert(0, {"1": "one thread"}.get(threads, "threads as its command says"))
+    if key in EARLIER_CONFIG:
+        changes.append(EARLIER_CONFIG[key])
+    return ", ".join(changes) or "the recipe's settings"
 
 
 SPEECH_MULTI30K = [("multi30k_speech_las", "LAS"), ("multi30k_speech_speech_transformer", "Speech Transformer")]
