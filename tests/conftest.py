@@ -13,7 +13,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import torch
+
+# Inductor compiles in this process, not in a pool of its own: make test's two workers already keep both cores
+# busy, and each pool's start imports torch once a pool process (about 7 s of CPU for each process that compiles,
+# the commands the tests start included), for builds that would run one at a time here anyway
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch  # noqa: E402 -- after the environment Inductor reads when it is imported
 
 # another job may be using the other cores: keep every test on one thread
 torch.set_num_threads(1)
@@ -186,6 +192,22 @@ def toy_trained_model(vocab: int = 23, steps: int = 60, seed: int = 0) -> Transf
     model = make_model(vocab, seed)
     model.load_state_dict(torch.load(path))
     return model.eval()
+
+
+def made_once(name: str, make) -> Path:
+    """The directory ``name`` that ``make(directory)`` fills, made once a test run: the first process to ask makes
+    it in the run's shared directory (as :func:`toy_trained_model` keeps its weights), a process that asks while
+    another makes it waits, and the others find it made. For what a module's tests share and a test only reads,
+    such as a trained run, which the two workers of ``make test`` would otherwise each make."""
+    directory, made = _SHARED / name, _SHARED / f"{name}.made"
+    with open(_SHARED / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():  # made where it stays (a run's files may name their directory), then marked made
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            make(directory)
+            made.touch()
+    return directory
 
 
 def _trained(vocab: int, steps: int, seed: int) -> Transformer:

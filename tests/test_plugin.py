@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import made_once
 from serving import free_port, schemathesis
 
 PLUGIN = Path(__file__).parent / "plugins" / "toy_luong.py"
@@ -51,17 +52,18 @@ def _env(**more) -> dict:
     return {**os.environ, "ATTNKIT_DATA": "", **more}
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """A toy_luong run trained by the command line with --plugin."""
-    base = tmp_path_factory.mktemp("plugin")
+def _train(base: Path) -> None:
     config = base / "toy.toml"
     config.write_text(CONFIG)
-    run = base / "run"
-    out = subprocess.run([*ATTNKIT, "--plugin", str(PLUGIN), "train", str(config), "--run-dir", str(run),
+    out = subprocess.run([*ATTNKIT, "--plugin", str(PLUGIN), "train", str(config), "--run-dir", str(base / "run"),
                           "--threads", "1"], capture_output=True, text=True, timeout=600, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
-    return run
+
+
+@pytest.fixture(scope="module")
+def run() -> Path:
+    """A toy_luong run trained by the command line with --plugin (once a test run: the tests only read it)."""
+    return made_once("plugin", _train) / "run"
 
 
 def test_without_the_plugin_the_family_is_refused_in_one_line(tmp_path):

@@ -3,6 +3,8 @@ decode close to fp32, and a CPU without the instructions gets a one-line refusal
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -75,22 +77,23 @@ def test_the_int8_product_equals_its_reference(rows, bias):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rows", [1, 5])
 @torch.no_grad()
-def test_the_int8_product_in_a_fixed_graph_equals_the_eager_one(tmp_path, rows):
+def test_the_int8_product_in_a_fixed_graph_equals_the_eager_one(tmp_path):
     """In a graph whose sizes are all fixed (a search of one sentence), :class:`Int8Linear` is oneDNN's quantized
     linear over unsigned activations with zero point 128, which Inductor lowers to its own VNNI GEMM: the integer
     sums are the same, so the layers give what ``torch._int_mm`` gives eagerly, bias or not, at widths that are not
-    multiples of the GEMM's blocks."""
+    multiples of the GEMM's blocks, for one row (greedy search) and for five (a beam). One package holds both."""
     from torch.export import Dim
 
     from attnkit.fast.aot import FIXED_GRAPH, _Package
 
     if not runs_here("int8"):
         pytest.skip(f"this CPU has none of {NEEDS['int8']}")
-    torch.manual_seed(rows)
+    torch.manual_seed(0)
     layers = at_precision(nn.Sequential(nn.Linear(96, 200), nn.ReLU(), nn.Linear(200, 72, bias=False)).eval(), "int8")
-    x = torch.randn(rows, 96)
+    # a copy for the five rows: Inductor lowers a weight once a graph (two products of one weight at two sizes fail
+    # its assertion on the packed weight's compensation buffers), and a search's graph has one size a weight
+    beam = copy.deepcopy(layers)
     traced = []
     product = Int8Linear._product_in_graph
 
@@ -98,16 +101,21 @@ def test_the_int8_product_in_a_fixed_graph_equals_the_eager_one(tmp_path, rows):
         traced.append(tuple(rows_.shape))
         return product(self, rows_)
 
+    def both(one, five):
+        return layers(one), beam(five)
+
     Int8Linear._product_in_graph = spy
     try:
-        package = _Package.export(layers, layers, [x], [{0: Dim.STATIC, 1: Dim.STATIC}], tmp_path / "int8.pt2",
-                                  FIXED_GRAPH)
+        package = _Package.export(nn.ModuleList([layers, beam]), both, [torch.randn(1, 96), torch.randn(5, 96)],
+                                  [{0: Dim.STATIC, 1: Dim.STATIC}] * 2, tmp_path / "int8.pt2", FIXED_GRAPH)
     finally:
         Int8Linear._product_in_graph = product
-    assert traced == [(rows, 96), (rows, 200)]  # both layers traced as the in-graph product
+    assert traced == [(1, 96), (1, 200), (5, 96), (5, 200)]  # every layer traced as the in-graph product
     for _ in range(3):
-        x = torch.randn(rows, 96) * 3
-        torch.testing.assert_close(package.run([x]), layers(x), rtol=1e-6, atol=1e-6)
+        one, five = torch.randn(1, 96) * 3, torch.randn(5, 96) * 3
+        got = package.run([one, five])
+        torch.testing.assert_close(got[0], layers(one), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got[1], beam(five), rtol=1e-6, atol=1e-6)
 
 
 def test_one_row_multiplies_by_the_other_layout_to_the_same_bits():
@@ -175,7 +183,12 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(de
     integer products included) choose what the same precision's eager steps choose; the steps are not checked
     against eager ones here (``check=False``), so the compiled graphs are what decodes. The output projection's
     oneDNN packing is asked for (``pack_output``), which AOTInductor cannot lower for a bf16 weight: the decoder packs
-    fp32 weights only."""
+    fp32 weights only.
+
+    One compiled check per path: each of the precision's graph kinds once. A batch's graphs (the library's
+    products, the batch size a symbol) are the step's, its encoder sealed (the encoder's graph of a batch is lowered
+    as the step's is; test_aot.py checks it at fp32); one sentence's graphs (Inductor's own GEMMs) are the step's,
+    every size fixed, and the encoder's, its source length a symbol."""
     from attnkit.fast.aot import AheadOfTimeStep
 
     if not runs_here(precision):
@@ -184,6 +197,8 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(de
     compiled = fast.decoder(decisive_model, compile=True, precision=precision, freeze=True, pack_output=True,
                              check=False)
     lens = max_lengths(src.ne(PAD).sum(1), 1.0, 4)
+    encoder = compiled._aot_encoder
+    encoder.sealed = True
     for batch in (src, src):  # the first makes the graphs (eagerly), the second runs them on its 8 sentences
         ours = greedy(compiled, compiled.init_state(compiled.encode(batch)), lens[: len(batch)])
         theirs = greedy(eager, eager.init_state(eager.encode(batch)), lens[: len(batch)])
@@ -191,6 +206,8 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(de
     step = compiled.search_steps()["greedy_step"]
     # one graph: its first step runs the later steps' graph over the empty cache
     assert isinstance(step, AheadOfTimeStep) and len(step.packages) == 1 and all(step.packages.values())
+    assert encoder.packages == {}
+    encoder.sealed = False
     # one sentence at a time: graphs whose sizes are all fixed (int8's products there Inductor's own GEMMs)
     for i in (0, 0, 1, 3):
         one, limit = src[i:i + 1], lens[i:i + 1]
@@ -198,6 +215,7 @@ def test_compiled_decoding_at_a_lower_precision_decodes_as_its_eager_decoding(de
         theirs = greedy(eager, eager.init_state(eager.encode(one)), limit)
         assert ours[0].tokens == theirs[0].tokens, (precision, i)
     assert len(step.packages) == 2 and all(step.packages.values())
+    assert list(encoder.packages) == ["one sentence"] and encoder.packages["one sentence"] is not None
 
 
 @pytest.mark.slow
@@ -214,6 +232,9 @@ def test_a_wide_int8_search_packs_its_fp32_products_and_decodes_as_eager_int8(mo
     compiled = fast.decoder(model, compile=True, precision="int8", freeze=True, check=False,
                              pack_wide=True)
     assert compiled.wide_sentences == WIDE_SENTENCES
+    # the encoder sealed: it has no sliced products (cross-attention's are the decoder's), and test_aot.py checks
+    # its wide graph at fp32
+    compiled._aot_encoder.sealed = True
     wide = random_src([2 + i % 6 for i in range(WIDE_SENTENCES)], seed=11)
     lens = max_lengths(wide.ne(PAD).sum(1), 1.0, 4)
     for _ in range(2):  # eagerly while the graph is made, then through it
@@ -222,7 +243,7 @@ def test_a_wide_int8_search_packs_its_fp32_products_and_decodes_as_eager_int8(mo
         assert [h.tokens for h in ours] == [h.tokens for h in theirs]
     step = compiled.search_steps()["greedy_step"]
     assert isinstance(step, AheadOfTimeStep) and [key[-1] for key in step.packages] == ["wide"]
-    assert all(step.packages.values())
+    assert all(step.packages.values()) and compiled._aot_encoder.packages == {}
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

@@ -163,9 +163,13 @@ def test_a_model_without_a_shortlisted_decoder_says_so_in_one_line(model):
 @torch.no_grad()
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_ahead_of_time_shortlisted_steps_equal_eager_ones_with_one_graph_for_every_shortlist(model, precision):
-    """Packages of shortlisted steps (the shortlist and its output rows are inputs of the graph, their length a
-    symbol) decode as the eager shortlisted steps do, batches step by step and one sentence in one loop over its
-    package, at several shortlists, each kind built once, and never the torch.compile fallback."""
+    """Packages of shortlisted greedy steps (the shortlist and its output rows are inputs of the graph, their length
+    a symbol) decode as the eager shortlisted steps do, batches step by step and one sentence in one loop over its
+    package, at several shortlists, each kind built once, and never the torch.compile fallback.
+
+    One compiled check per path: a shortlist's graphs are a batch's (the library's products) and, at fp32, one
+    sentence's (every size fixed but the lengths, the shortlist's among them); beam search's graphs have their own
+    check (test_aot.py), and a shortlisted beam search its eager one (above)."""
     from attnkit.fast import compile_step
 
     if precision == "int8":
@@ -178,23 +182,20 @@ def test_ahead_of_time_shortlisted_steps_equal_eager_ones_with_one_graph_for_eve
     decoder._aot_encoder.sealed = True
     eager = FastDecoder(base)
     other = torch.tensor([0, 1, 2, 3, 4, 6, 9, 10, 14, 15, 16, 18, 21])
-    # one sentence (graphs of their own, every size fixed but the lengths, the shortlist's among them) and beam
-    # search at fp32; int8 runs greedy batches, the same graphs around its integer product (each kind of graph takes
-    # tens of seconds to compile, and make test holds the suite under ten minutes)
+    # one sentence (graphs of its own) at fp32; int8 runs batches, the same graph around its integer product (each
+    # graph takes tens of seconds to compile, and make test holds the suite under ten minutes)
     batches = [([5, 3, 7, 4], 1), ([6, 2, 5], 2), *([([6], 4)] if precision == "fp32" else [])]
-    beams = (1, 3) if precision == "fp32" else (1,)
-    for beam in beams:
-        for lengths, seed in batches:
-            src = random_src(lengths, VOCAB, seed=seed)
-            for ids in (SHORTLIST, other, torch.arange(VOCAB)):
-                for _ in range(2):  # the first call of a kind builds its package (eagerly); the second runs it
-                    _assert_same(_decode(decoder, src, beam, ids), _decode(eager, src, beam, ids))
+    for lengths, seed in batches:
+        src = random_src(lengths, VOCAB, seed=seed)
+        for ids in (SHORTLIST, other, torch.arange(VOCAB)):
+            for _ in range(2):  # the first call of a kind builds its package (eagerly); the second runs it
+                _assert_same(_decode(decoder, src, 1, ids), _decode(eager, src, 1, ids))
     steps = decoder.search_steps()
     built = {name: dict(step.packages) for name, step in steps.items()}
-    for beam in beams:
-        for lengths in ([4, 6, 2, 5, 3], *([[7]] if precision == "fp32" else [])):
-            src = random_src(lengths, VOCAB, seed=3)
-            _assert_same(_decode(decoder, src, beam, other[:9]), _decode(eager, src, beam, other[:9]))
+    assert len(built["greedy_step"]) == (2 if precision == "fp32" else 1) and not built["beam_step"]
+    for lengths in ([4, 6, 2, 5, 3], *([[7]] if precision == "fp32" else [])):
+        src = random_src(lengths, VOCAB, seed=3)
+        _assert_same(_decode(decoder, src, 1, other[:9]), _decode(eager, src, 1, other[:9]))
     assert {name: dict(step.packages) for name, step in steps.items()} == built  # no new graph
     assert all(package is not None for packages in built.values() for package in packages.values())
     assert decoder._aot_encoder.packages == {}
