@@ -182,23 +182,20 @@ def toy_trained_model(vocab: int = 23, steps: int = 60, seed: int = 0) -> Transf
     process to ask keeps the weights in the run's shared directory, and the others load them. Training on one
     thread is deterministic, so they are the weights each would have trained; a process that asks while another
     trains waits for its weights."""
-    path = _SHARED / f"toy_model-{vocab}-{steps}-{seed}.pt"
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            partial = path.with_suffix(f".{os.getpid()}.partial")
-            torch.save(_trained(vocab, steps, seed).state_dict(), partial)
-            os.replace(partial, path)
+    def train(directory: Path) -> None:
+        torch.save(_trained(vocab, steps, seed).state_dict(), directory / "weights.pt")
+
+    weights = made_once(f"toy_model-{vocab}-{steps}-{seed}", train) / "weights.pt"
     model = make_model(vocab, seed)
-    model.load_state_dict(torch.load(path))
+    model.load_state_dict(torch.load(weights))
     return model.eval()
 
 
 def made_once(name: str, make) -> Path:
     """The directory ``name`` that ``make(directory)`` fills, made once a test run: the first process to ask makes
-    it in the run's shared directory (as :func:`toy_trained_model` keeps its weights), a process that asks while
-    another makes it waits, and the others find it made. For what a module's tests share and a test only reads,
-    such as a trained run, which the two workers of ``make test`` would otherwise each make."""
+    it in the run's shared directory, a process that asks while another makes it waits, and the others find it
+    made. For what tests share and only read, such as a trained run or :func:`toy_trained_model`'s weights, which
+    the two workers of ``make test`` would otherwise each make."""
     directory, made = _SHARED / name, _SHARED / f"{name}.made"
     with open(_SHARED / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
