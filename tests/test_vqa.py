@@ -24,6 +24,7 @@ from attnkit.models.vqa import (  # noqa: E402
     joint_hidden,
     tile_question,
 )
+from conftest import made_once  # noqa: E402
 
 TRAIN_QUESTIONS, VALID_QUESTIONS, TEST_QUESTIONS = 6000, 400, 800
 TRAIN_STEPS = 800  # each of the two models, at most 128 questions (about 13 images) a step: about 20 s on one core
@@ -63,10 +64,15 @@ def _train(tmp: Path, attention: str, data) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, easy_vqa) -> dict[str, Path]:
-    """The attention model and the question-only baseline, each trained for TRAIN_STEPS on the same slice."""
-    tmp = tmp_path_factory.mktemp("vqa")
-    return {attention: _train(tmp, attention, easy_vqa) for attention in ("glimpses", "none")}
+def runs(easy_vqa) -> dict[str, Path]:
+    """The attention model and the question-only baseline, each trained for TRAIN_STEPS on the same slice: once a
+    test run (the tests only read them), whichever worker asks first."""
+    def train(directory: Path) -> None:
+        for attention in ("glimpses", "none"):
+            _train(directory, attention, easy_vqa)
+
+    directory = made_once("easy_vqa_runs", train)
+    return {attention: directory / attention for attention in ("glimpses", "none")}
 
 
 @pytest.fixture(scope="module")
