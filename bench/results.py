@@ -752,14 +752,21 @@ def block_speech(results: dict) -> str:
         for key in sorted(k for k in results if k.startswith(f"{name}_") and "_heldout_" not in k):
             data = f"digit strings, unseen recordings; {_differs(results[key], key)}"
             rows.append(_speech_row(label, data, results[key], key))
+    runs = [(label, key) for name, label in SPEECH
+            for key in sorted(k for k in results if k == name or (k.startswith(f"{name}_") and "_heldout_" not in k))]
+    return "\n".join(rows) + _validation_curves(results, runs) + "\n"
+
+
+def _validation_curves(results: dict, runs: list[tuple[str, str]]) -> str:
+    """The validation curves of the speech ``runs`` ([(label, JSON name)]) under their table: the budget's effect
+    (still falling at its end, or flat) in the JSON's own points."""
     curves = []
-    for name, label in SPEECH:
-        for key in sorted(k for k in results if k == name or (k.startswith(f"{name}_") and "_heldout_" not in k)):
-            points = "; ".join(f"{number(c.get('step'), 0)}: {number(c.get('valid_loss'), 3)}, "
-                               f"{number(c.get('valid_cer'))}" for c in results[key].get("curve", []))
-            curves.append(f"- {label}, {link(key, '../bench/results/')}: {points}")
-    return "\n".join(rows) + ("\n\nValidation curves (step: validation loss, validation CER, greedy):\n\n"
-                               + "\n".join(curves) if curves else "") + "\n"
+    for label, key in runs:
+        points = "; ".join(f"{number(c.get('step'), 0)}: {number(c.get('valid_loss'), 3)}, "
+                           f"{number(c.get('valid_cer'))}" for c in results[key].get("curve", []))
+        curves.append(f"- {label}, {link(key, '../bench/results/')}: {points}")
+    return ("\n\nValidation curves (step: validation loss, validation CER, greedy):\n\n" + "\n".join(curves)
+            if curves else "")
 
 
 def _speech_row(label: str, data: str, r: dict, key: str) -> str:
@@ -804,7 +811,8 @@ def block_speech_multi30k(results: dict) -> str:
         rows.append(f"| {label} | {minutes(r)} | {number(m.get('test_cer'))} | {number(m.get('test_wer'))} | "
                     f"{number(m.get('test_string_accuracy'))} | {number(m.get('held_out_voice_cer'))} | "
                     f"{number(m.get('held_out_voice_wer'))} | {link(name, '../bench/results/')} |")
-    return "\n".join(rows) + "\n"
+    runs = [(label, name) for name, label in SPEECH_MULTI30K if name in results]
+    return "\n".join(rows) + _validation_curves(results, runs) + "\n"
 
 
 def block_sst2_pretraining(results: dict) -> str:
