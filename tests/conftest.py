@@ -19,7 +19,7 @@ import pytest
 # the commands the tests start included), for builds that would run one at a time here anyway
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # the vector instructions Inductor compiles for are this CPU's (torch's own cpuinfo): not probed again by building and
-# loading a test library for each candidate in a Python subprocess, some 7 s of CPU in each process that compiles
+# loading a test library for each candidate in a Python subprocess, seconds of CPU in each process that compiles
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import torch  # noqa: E402 -- after the environment Inductor reads when it is imported
