@@ -19,6 +19,7 @@ import difflib
 import json
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -743,6 +744,8 @@ def block_speech(results: dict) -> str:
         for speaker in ("", *SPEAKERS):
             key = f"{name}_heldout_{speaker}" if speaker else name
             data = f"digit strings, {speaker} held out" if speaker else "digit strings, unseen recordings"
+            if key in EARLIER_CONFIG:
+                data += f"; {EARLIER_CONFIG[key]}"
             r = results.get(key)
             if r is None:
                 rows.append(f"| {label} | {data} | {NOT_RECORDED} | {NOT_RECORDED} | {NOT_RECORDED} | "
@@ -776,9 +779,13 @@ def _speech_row(label: str, data: str, r: dict, key: str) -> str:
             f"{link(key, '../bench/results/')} |")
 
 
-# runs beside a recipe made before its config changed, so that their commands no longer say how they differ
+# runs made before their recipe's config changed, so that their commands no longer say how they differ
+LIGHTER_AUGMENTATION = "the earlier recipe's fewer strings and lighter SpecAugment"
 EARLIER_CONFIG = {"fsdd_digits_speech_transformer_one_thread": "the earlier, lower CTC weight",
-                  "fsdd_digits_speech_transformer_lower_ctc_weight": "the earlier, lower CTC weight"}
+                  "fsdd_digits_speech_transformer_lower_ctc_weight": "the earlier, lower CTC weight",
+                  "fsdd_digits_las_lighter_augmentation": LIGHTER_AUGMENTATION,
+                  "fsdd_digits_las_one_thread": LIGHTER_AUGMENTATION,
+                  **{f"fsdd_digits_las_heldout_{speaker}": LIGHTER_AUGMENTATION for speaker in SPEAKERS}}
 
 
 def _differs(r: dict, key: str) -> str:
@@ -786,13 +793,31 @@ def _differs(r: dict, key: str) -> str:
     keys its --set overrides changed (their values are in its JSON's command): a different budget or model, a row of
     its own."""
     words = str(r.get("command", "")).split()
-    changes = [f"`{words[i + 1].partition('=')[0]}` changed" for i, w in enumerate(words[:-1]) if w == "--set"]
+    config = next((w for w in words if w.startswith("configs/") and w.endswith(".toml")), None)
+    changes = [f"`{words[i + 1].partition('=')[0]}` changed" for i, w in enumerate(words[:-1])
+               if w == "--set" and not _recipe_has(config, words[i + 1])]
     threads = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--threads"), "2")
     if threads != "2":
         changes.insert(0, {"1": "one thread"}.get(threads, "threads as its command says"))
     if key in EARLIER_CONFIG:
         changes.append(EARLIER_CONFIG[key])
     return ", ".join(changes) or "the recipe's settings"
+
+
+def _recipe_has(config: str | None, override: str) -> bool:
+    """Whether the recipe ``config`` (configs/<name>.toml) now says what ``override`` ("section.key=value") set:
+    then the override changed nothing from the recipe as it stands."""
+    path = ROOT / config if config else None
+    if path is None or not path.is_file():
+        return False
+    dotted, _, value = override.partition("=")
+    section, _, key = dotted.partition(".")
+    current = tomllib.loads(path.read_text(encoding="utf-8")).get(section, {}).get(key)
+    try:
+        wanted = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        wanted = value  # a bare string, as --set takes one
+    return current is not None and current == wanted
 
 
 SPEECH_MULTI30K = [("multi30k_speech_las", "LAS"), ("multi30k_speech_speech_transformer", "Speech Transformer")]

@@ -566,3 +566,21 @@ def test_the_cli_options_named_exist():
                             wrong.append(f"{where}: {shown} {option}")
     assert len(commands) >= 10 and checked >= 30, "the docs show attnkit command lines; the parser should find them"
     assert not wrong, "command lines name what attnkit's parser does not have:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_a_run_beside_a_recipe_names_what_its_overrides_change_from_the_recipe_as_it_stands():
+    """A row beside a recipe says which keys its ``--set`` overrides change: an override that sets what the recipe's
+    config now says changes nothing, and the threads are named where they are not the recipe's two."""
+    import tomllib
+
+    results = _results_module()
+    config = "configs/fsdd_digits_las.toml"
+    strings = tomllib.loads((ROOT / config).read_text(encoding="utf-8"))["data"]["n_synthetic"]
+
+    def label(*args):
+        return results._differs({"command": f"attnkit train {config} --run-dir runs/x {' '.join(args)}"}, "x")
+
+    assert label("--threads", "2", "--set", f"data.n_synthetic={strings}") == "the recipe's settings"
+    assert label("--threads", "2", "--set", f"data.n_synthetic={strings + 1}") == "`data.n_synthetic` changed"
+    assert label("--threads", "1", "--set", f"data.n_synthetic={strings}", "--set", "model.energy=additive") == (
+        "one thread, `model.energy` changed")
