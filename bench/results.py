@@ -813,7 +813,7 @@ def _recipe_has(config: str | None, override: str) -> bool:
     dotted, _, value = override.partition("=")
     section, _, key = dotted.partition(".")
     current = tomllib.loads(path.read_text(encoding="utf-8")).get(section, {}).get(key)
-    try:
+    try:  # the value read as `attnkit train --set` reads it (make results runs this without attnkit installed)
         wanted = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         wanted = value  # a bare string, as --set takes one
