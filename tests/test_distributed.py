@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import made_once
+
 pytestmark = pytest.mark.slow  # three 2-process training runs, then four resumed ones: a minute and a half
 
 TINY = ["--set", "data.format=dates", "--set", "data.n_synthetic=400", "--set", "data.vocab_size=64",
@@ -68,21 +70,24 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs():
     """The same 3 updates three times: 2 ranks x 1 batch each under DDP and under FSDP, and 1 process
-    accumulating the same 2 batches."""
-    base = tmp_path_factory.mktemp("ddp")
-    (base / "tiny.toml").write_text('name = "tiny"\n')
-    _run(["train", "tiny.toml", "--run-dir", "ddp", "--set", "train.max_steps=3", "--set", "train.save_every=3", *TINY],
-         base, nproc=2)
-    for run in ("single", "fsdp"):
-        (base / run).mkdir()
-        shutil.copy(base / "ddp" / "spm.model", base / run / "spm.model")  # one tokenizer for all
-    _run(["train", "tiny.toml", "--run-dir", "fsdp", "--set", "train.max_steps=3", "--set", "train.save_every=3",
-          "--set", "train.parallel=fsdp", *TINY], base, nproc=2)
-    _run(["train", "tiny.toml", "--run-dir", "single", "--set", "train.max_steps=3", "--set", "train.save_every=3",
-          "--set", "train.update_freq=2", *TINY], base)
-    return base
+    accumulating the same 2 batches. Made once a test run (the tests only read them), though both of ``make
+    test``'s workers run tests of this file."""
+
+    def make(base: Path) -> None:
+        (base / "tiny.toml").write_text('name = "tiny"\n')
+        _run(["train", "tiny.toml", "--run-dir", "ddp", "--set", "train.max_steps=3", "--set", "train.save_every=3",
+              *TINY], base, nproc=2)
+        for run in ("single", "fsdp"):
+            (base / run).mkdir()
+            shutil.copy(base / "ddp" / "spm.model", base / run / "spm.model")  # one tokenizer for all
+        _run(["train", "tiny.toml", "--run-dir", "fsdp", "--set", "train.max_steps=3", "--set", "train.save_every=3",
+              "--set", "train.parallel=fsdp", *TINY], base, nproc=2)
+        _run(["train", "tiny.toml", "--run-dir", "single", "--set", "train.max_steps=3", "--set",
+              "train.save_every=3", "--set", "train.update_freq=2", *TINY], base)
+
+    return made_once("distributed-runs", make)
 
 
 def _assert_same_weights(run_a: Path, run_b: Path) -> None:

@@ -437,6 +437,38 @@ def test_a_fitted_schedule_ends_with_the_time_budget_and_is_kept_for_a_resume(tm
         validate(tiny_experiment(fit_schedule=True))
 
 
+def test_a_fitted_schedule_moves_its_end_once_to_the_speed_after_warmup(tmp_path, dates_pairs, monkeypatch):
+    """Updates of 1.5 s through warmup (10 steps), then of 1 s: fitted at warmup, the end is 10 + floor(0.97 * 45 s /
+    1.5 s) = 39; measured again over the next fifth of those steps (to step 15, 20 s in), it moves to 15 + floor(0.97
+    * 40 s / 1 s) = 53, where the run ends 58 s in, instead of 44 s into its minute. Each step's learning rate is the
+    schedule's with the end known then, and the end moves no more."""
+    import attnkit.train.trainer as trainer_module
+
+    clock = [0.0]
+    monkeypatch.setattr(trainer_module, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0]),
+                                                                    "strftime": staticmethod(lambda f: "now")}))
+    update, done = Trainer._update, [0]
+
+    def slower_through_warmup(self, *args):
+        done[0] += 1
+        clock[0] += 1.5 if done[0] <= 10 else 1.0
+        return update(self, *args)
+
+    monkeypatch.setattr(Trainer, "_update", slower_through_warmup)
+    cfg = tiny_experiment(schedule="cosine", lr=1e-3, min_lr=1e-5, warmup_steps=10, max_steps=1000, max_minutes=1,
+                          fit_schedule=True, log_every=1)
+    trainer = Trainer(cfg, tmp_path / "run", train_pairs=dates_pairs, valid_pairs=generate_dates(10, seed=1))
+    trainer.train()
+    records = read_metrics(tmp_path / "run")
+    assert [r for r in records if "schedule_steps" in r] == [{"step": 10, "schedule_steps": 39},
+                                                             {"step": 15, "schedule_steps": 53}]
+    assert trainer.progress.step == 53 and trainer.progress.train_seconds == 58.0
+    lrs = {r["step"]: r["lr"] for r in records if "lr" in r}
+    assert all(math.isclose(lrs[s], learning_rate(s, cfg.train, 0, 39 if s <= 15 else 53), rel_tol=1e-12)
+               for s in lrs)
+    assert math.isclose(lrs[53], 1e-5)
+
+
 def test_constant_only_warms_up():
     cfg = _tcfg(schedule="constant", lr=3e-4, warmup_steps=10)
     assert math.isclose(learning_rate(5, cfg, 64), 1.5e-4, rel_tol=1e-12)
