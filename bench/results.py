@@ -781,9 +781,13 @@ def _speech_row(label: str, data: str, r: dict, key: str) -> str:
 
 # runs made before their recipe's config changed, so that their commands no longer say how they differ
 LIGHTER_AUGMENTATION = "the earlier recipe's fewer strings and lighter SpecAugment"
+# runs of the recipe's config whose trainer fitted the schedule's end from the speed over warmup alone
+FITTED_AT_WARMUP = "its schedule's end fitted at warmup alone"
 EARLIER_CONFIG = {"fsdd_digits_speech_transformer_one_thread": "the earlier, lower CTC weight",
                   "fsdd_digits_speech_transformer_lower_ctc_weight": "the earlier, lower CTC weight",
                   "fsdd_digits_las_lighter_augmentation": LIGHTER_AUGMENTATION,
+                  "fsdd_digits_las_fitted_at_warmup": FITTED_AT_WARMUP,
+                  "fsdd_digits_las_more_augment": FITTED_AT_WARMUP,
                   "fsdd_digits_las_one_thread": LIGHTER_AUGMENTATION,
                   **{f"fsdd_digits_las_heldout_{speaker}": LIGHTER_AUGMENTATION for speaker in SPEAKERS}}
 
