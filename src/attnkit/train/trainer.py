@@ -717,9 +717,9 @@ class FittedSchedule:
     more over the steps that follow, up to a fifth of the steps that end left, and the end moves there. Warmup's
     few steps time the speed roughly: LAS on spoken digits, whose batches differ in length, took from 0.51 to 0.71 s
     a step over windows of 25 steps, and fitted at warmup alone it ended with an eighth of its budget unused. Moving
-    the end by a tenth, a fifth of the way into the decay, changes a cosine's learning rate there by about 2%. A resumed run keeps the end
-    it was given. Every rank takes the ranks' mean, so all agree. The estimate keeps 3% of the budget in hand for
-    checkpoints, whose writing counts as training time."""
+    the end by a tenth, a fifth of the way into the decay, changes a cosine's learning rate there by about 2%. A
+    resumed run keeps the end it was given. Every rank takes the ranks' mean, so all agree. The estimate keeps 3% of
+    the budget in hand for checkpoints, whose writing counts as training time."""
 
     MARGIN = 0.97
 
