@@ -403,28 +403,36 @@ def test_cosine_reaches_min_lr_at_max_steps():
     assert all(learning_rate(s, cfg, 256) > learning_rate(s + 1, cfg, 256) for s in range(10, 110))
 
 
-def test_a_fitted_schedule_ends_with_the_time_budget_and_is_kept_for_a_resume(tmp_path, dates_pairs, monkeypatch):
-    """``train.fit_schedule``: on a machine where an update takes one second (a clock that moves only while the
-    model trains), a 1-minute budget and 10 warmup steps: the speed measured over steps 5 to 10 puts the cosine's
-    last step at 10 + floor(0.97 * 50 s / 1 s) = 58, where the learning rate reaches min_lr and the run ends (before
-    the budget), whatever max_steps says; the checkpoint keeps that step. Without a budget it is one line."""
+def _timed_by_updates(monkeypatch, tmp_path, dates_pairs, seconds) -> tuple[Trainer, list[dict]]:
+    """A run with a fitted cosine over a 1-minute budget and 10 warmup steps, trained on a clock that moves only
+    while the model trains: update n takes ``seconds(n)``. The trainer and its metrics."""
     import attnkit.train.trainer as trainer_module
 
-    clock = [0.0]
+    clock, done = [0.0], [0]
     monkeypatch.setattr(trainer_module, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0]),
                                                                     "strftime": staticmethod(lambda f: "now")}))
     update = Trainer._update
 
-    def one_second(self, *args):
-        clock[0] += 1.0
+    def timed(self, *args):
+        done[0] += 1
+        clock[0] += seconds(done[0])
         return update(self, *args)
 
-    monkeypatch.setattr(Trainer, "_update", one_second)
+    monkeypatch.setattr(Trainer, "_update", timed)
     cfg = tiny_experiment(schedule="cosine", lr=1e-3, min_lr=1e-5, warmup_steps=10, max_steps=1000, max_minutes=1,
                           fit_schedule=True, log_every=1)
     trainer = Trainer(cfg, tmp_path / "run", train_pairs=dates_pairs, valid_pairs=generate_dates(10, seed=1))
     trainer.train()
-    records = read_metrics(tmp_path / "run")
+    return trainer, read_metrics(tmp_path / "run")
+
+
+def test_a_fitted_schedule_ends_with_the_time_budget_and_is_kept_for_a_resume(tmp_path, dates_pairs, monkeypatch):
+    """``train.fit_schedule``: on a machine where an update takes one second, a 1-minute budget and 10 warmup
+    steps: the speed measured over steps 5 to 10 puts the cosine's last step at 10 + floor(0.97 * 50 s / 1 s) = 58,
+    where the learning rate reaches min_lr and the run ends (before the budget), whatever max_steps says; the
+    checkpoint keeps that step. Without a budget it is one line."""
+    trainer, records = _timed_by_updates(monkeypatch, tmp_path, dates_pairs, lambda n: 1.0)
+    cfg = trainer.cfg
     assert {"step": 10, "schedule_steps": 58} in records
     lrs = {r["step"]: r["lr"] for r in records if "lr" in r}
     assert trainer.progress.step == max(lrs) == 58 and trainer.progress.train_seconds == 58.0
@@ -442,29 +450,12 @@ def test_a_fitted_schedule_moves_its_end_once_to_the_speed_after_warmup(tmp_path
     1.5 s) = 39; measured again over the next fifth of those steps (to step 15, 20 s in), it moves to 15 + floor(0.97
     * 40 s / 1 s) = 53, where the run ends 58 s in, instead of 44 s into its minute. Each step's learning rate is the
     schedule's with the end known then, and the end moves no more."""
-    import attnkit.train.trainer as trainer_module
-
-    clock = [0.0]
-    monkeypatch.setattr(trainer_module, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0]),
-                                                                    "strftime": staticmethod(lambda f: "now")}))
-    update, done = Trainer._update, [0]
-
-    def slower_through_warmup(self, *args):
-        done[0] += 1
-        clock[0] += 1.5 if done[0] <= 10 else 1.0
-        return update(self, *args)
-
-    monkeypatch.setattr(Trainer, "_update", slower_through_warmup)
-    cfg = tiny_experiment(schedule="cosine", lr=1e-3, min_lr=1e-5, warmup_steps=10, max_steps=1000, max_minutes=1,
-                          fit_schedule=True, log_every=1)
-    trainer = Trainer(cfg, tmp_path / "run", train_pairs=dates_pairs, valid_pairs=generate_dates(10, seed=1))
-    trainer.train()
-    records = read_metrics(tmp_path / "run")
+    trainer, records = _timed_by_updates(monkeypatch, tmp_path, dates_pairs, lambda n: 1.5 if n <= 10 else 1.0)
     assert [r for r in records if "schedule_steps" in r] == [{"step": 10, "schedule_steps": 39},
                                                              {"step": 15, "schedule_steps": 53}]
     assert trainer.progress.step == 53 and trainer.progress.train_seconds == 58.0
     lrs = {r["step"]: r["lr"] for r in records if "lr" in r}
-    assert all(math.isclose(lrs[s], learning_rate(s, cfg.train, 0, 39 if s <= 15 else 53), rel_tol=1e-12)
+    assert all(math.isclose(lrs[s], learning_rate(s, trainer.cfg.train, 0, 39 if s <= 15 else 53), rel_tol=1e-12)
                for s in lrs)
     assert math.isclose(lrs[53], 1e-5)
 
