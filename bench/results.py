@@ -789,6 +789,7 @@ EARLIER_CONFIG = {"fsdd_digits_speech_transformer_one_thread": "the earlier, low
                   "fsdd_digits_las_fitted_at_warmup": FITTED_AT_WARMUP,
                   "fsdd_digits_las_more_augment": FITTED_AT_WARMUP,
                   "fsdd_digits_las_one_thread": LIGHTER_AUGMENTATION,
+                  "multi30k_speech_speech_transformer_without_ctc": "without joint CTC, as Dong et al. train it",
                   **{f"fsdd_digits_las_heldout_{speaker}": LIGHTER_AUGMENTATION for speaker in ("nicolas", "theo",
                                                                                                 "yweweler")}}
 
@@ -832,16 +833,20 @@ def block_speech_multi30k(results: dict) -> str:
     """`make multi30k-speech`: each family on test2016 spoken in the training voices and in the held-out voice."""
     rows = ["| model | training minutes | test2016 CER | WER | string accuracy | held-out voice CER | WER | JSON |",
             "|---|---|---|---|---|---|---|---|"]
+    runs = []
     for name, label in SPEECH_MULTI30K:
-        r = results.get(name)
-        if r is None:
+        if name not in results:
             rows.append(f"| {label} |" + f" {NOT_RECORDED} |" * 6 + f" no {name}.json |")
-            continue
-        m = r.get("metrics", {})
-        rows.append(f"| {label} | {minutes(r)} | {number(m.get('test_cer'))} | {number(m.get('test_wer'))} | "
-                    f"{number(m.get('test_string_accuracy'))} | {number(m.get('held_out_voice_cer'))} | "
-                    f"{number(m.get('held_out_voice_wer'))} | {link(name, '../bench/results/')} |")
-    runs = [(label, name) for name, label in SPEECH_MULTI30K if name in results]
+        # the recipe's run, then the runs beside it (a changed setting each, said in the model column)
+        for key in (name, *sorted(k for k in results if k.startswith(f"{name}_"))):
+            if key not in results:
+                continue
+            r, m = results[key], results[key].get("metrics", {})
+            model = label if key == name else f"{label}, {_differs(r, key)}"
+            rows.append(f"| {model} | {minutes(r)} | {number(m.get('test_cer'))} | {number(m.get('test_wer'))} | "
+                        f"{number(m.get('test_string_accuracy'))} | {number(m.get('held_out_voice_cer'))} | "
+                        f"{number(m.get('held_out_voice_wer'))} | {link(key, '../bench/results/')} |")
+            runs.append((label, key))
     return "\n".join(rows) + _validation_curves(results, runs) + "\n"
 
 
