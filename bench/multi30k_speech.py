@@ -3,7 +3,8 @@
 test2016's 1,000 captions are scored twice: spoken in the training voices (each caption's voice, rate and pitch
 drawn as in training, attnkit.data.spoken_multi30k) and all in the held-out voice, a voice never used in training,
 with the same rates and pitches, so the two scores differ by the voice alone. The chosen checkpoint (``best`` by
-validation CER) transcribes them with its config's beam; jiwer scores CER and WER against the captions spelled in
+validation CER) transcribes them with its config's beam and ``decode.ctc_weight`` (joint CTC/attention decoding,
+attnkit.decode.ctc); jiwer scores CER and WER against the captions spelled in
 LAS's characters; string accuracy is the share transcribed exactly. Missing test audio is synthesised first (once,
 into the run's ``data.speech_cache``).
 
@@ -32,10 +33,10 @@ from attnkit.evaluate.results import write_results
 TARGET = {"cer": 2.0, "wer": 6.0, "train_minutes": 60}
 
 
-def score(model, utterances, beam: int | None) -> tuple[dict, list[str]]:
+def score(model, utterances, beam: int | None, ctc_weight: float | None) -> tuple[dict, list[str]]:
     from attnkit.evaluate.speech import speech_scores
 
-    hyps = model.transcribe(utterances.audio, beam=beam)
+    hyps = model.transcribe(utterances.audio, beam=beam, ctc_weight=ctc_weight)
     return {k: round(v, 2) for k, v in speech_scores(hyps, utterances.transcripts).items()}, hyps
 
 
@@ -46,6 +47,8 @@ def main() -> int:
     ap.add_argument("--checkpoint", default="best")
     ap.add_argument("--sentences", type=int, default=0, help="the first N test2016 captions (0: all 1,000)")
     ap.add_argument("--beam", type=int, default=None)
+    ap.add_argument("--ctc-weight", type=float, default=None,
+                    help="CTC's share of the search's scores (default: the run's decode.ctc_weight)")
     ap.add_argument("--data-dir")
     ap.add_argument("--out", help="default: bench/results/<the run's config name>.json")
     args = ap.parse_args()
@@ -54,8 +57,8 @@ def main() -> int:
     cfg = model.config
     test = spoken_captions(cfg.data, "test", args.data_dir, limit=args.sentences)
     held = spoken_captions(cfg.data, HELD_OUT, args.data_dir, limit=args.sentences)
-    test_scores, hyps = score(model, test, args.beam)
-    held_scores, held_hyps = score(model, held, args.beam)
+    test_scores, hyps = score(model, test, args.beam, args.ctc_weight)
+    held_scores, held_hyps = score(model, held, args.beam, args.ctc_weight)
     metrics = {**{f"test_{k}": v for k, v in test_scores.items()},
                **{f"held_out_voice_{k}": v for k, v in held_scores.items()},
                "test_utterances": len(hyps), "test_words": sum(len(t.split()) for t in test.transcripts),
@@ -72,7 +75,9 @@ def main() -> int:
         metrics=metrics, family=cfg.model.family, checkpoint=model.path.name, step=last["step"],
         epochs=last["epoch"], train_minutes=round(last["train_seconds"] / 60, 2), best_step=progress["step"],
         parameters=sum(p.numel() for p in model.module.parameters()), curve=curve(run),
-        beam=args.beam or cfg.decode.beam_size, split="Multi30k test2016 (test_2016_flickr)",
+        beam=args.beam or cfg.decode.beam_size,
+        ctc_weight=cfg.decode.ctc_weight if args.ctc_weight is None else args.ctc_weight,
+        split="Multi30k test2016 (test_2016_flickr)",
         voices=list(d.voices), held_out_voice=d.held_out_voice, speaking_rates=list(d.speaking_rates),
         pitches=list(d.pitches), renditions=d.renditions, synthesis_seed=d.synthesis_seed, sample_rate=d.sample_rate,
         examples=[{"reference": r, "hypothesis": h, "held_out_voice": g}

@@ -790,6 +790,10 @@ EARLIER_CONFIG = {"fsdd_digits_speech_transformer_one_thread": "the earlier, low
                   "fsdd_digits_las_more_augment": FITTED_AT_WARMUP,
                   "fsdd_digits_las_one_thread": LIGHTER_AUGMENTATION,
                   "multi30k_speech_speech_transformer_without_ctc": "without joint CTC, as Dong et al. train it",
+                  "multi30k_speech_speech_transformer_attention_decoding":
+                      "the recipe's run decoded by its attention decoder alone, beam 4",
+                  "multi30k_speech_speech_transformer_attention_decoding_beam_8":
+                      "the recipe's run decoded by its attention decoder alone, beam 8",
                   **{f"fsdd_digits_las_heldout_{speaker}": LIGHTER_AUGMENTATION for speaker in ("nicolas", "theo",
                                                                                                 "yweweler")}}
 

@@ -309,7 +309,8 @@ class Model:
         result = out if details else [c.text[0] for c in out]
         return result[0] if one else result
 
-    def transcribe(self, audio, beam: int | None = None, details: bool = False, on_result=None, on_step=None):
+    def transcribe(self, audio, beam: int | None = None, details: bool = False, on_result=None, on_step=None,
+                   ctc_weight: float | None = None):
         """Transcribe speech: an audio file's path (WAV, FLAC, OGG) or a (samples, rate) pair -> a string; a list
         of them -> a list of strings, in order. Other rates are resampled to the model's, stereo is down-mixed;
         bad audio is a one-line error naming the file. ``details`` returns
@@ -319,7 +320,11 @@ class Model:
         ``on_step(step, batch)`` streams the search as :meth:`translate`'s does: each step of each batch
         (:class:`~attnkit.decode.search.SearchStep`: the partial transcripts, their scores, the step's attention over
         the encoder's frames, padded to the batch's longest: ``kind.length`` of an input is its own), ``batch`` the
-        indices of its inputs; an exception it raises stops the search."""
+        indices of its inputs; an exception it raises stops the search.
+
+        ``ctc_weight`` (default: the config's ``decode.ctc_weight``): for a model trained with joint CTC, CTC's share
+        of the search's scores (:mod:`attnkit.decode.ctc`); 0 decodes with the attention decoder alone."""
+        from attnkit.decode.ctc import joint_ctc
         from attnkit.decode.transcribe import transcribe
 
         self.require("transcribe")
@@ -330,19 +335,21 @@ class Model:
             return []
         features = [self.kind.features(self, x) for x in items]
         d = self.config.decode
-        out = transcribe(self.decoder, self.tokenizers, features, beam_size=beam or d.beam_size,
+        decoder = joint_ctc(self.decoder, d.ctc_weight if ctc_weight is None else ctc_weight, str(self.path))
+        out = transcribe(decoder, self.tokenizers, features, beam_size=beam or d.beam_size,
                          len_penalty=d.len_penalty, max_len=d.max_caption_len, need_weights=details,
                          on_result=on_result, on_step=on_step)
         result = out if details else [t.text[0] for t in out]
         return result[0] if one else result
 
-    def evaluate_transcripts(self, data, beam: int | None = None) -> tuple[dict[str, float], list[str]]:
+    def evaluate_transcripts(self, data, beam: int | None = None,
+                             ctc_weight: float | None = None) -> tuple[dict[str, float], list[str]]:
         """Score a speech model on utterances with their transcripts (:class:`attnkit.data.speech.Utterances`, e.g.
         a ``path<TAB>transcript`` list): CER, WER (jiwer, percent) and string accuracy -> (the scores, the
         transcripts they score)."""
         from attnkit.evaluate.speech import speech_scores
 
-        hyps = self.transcribe(list(data.audio), beam=beam)
+        hyps = self.transcribe(list(data.audio), beam=beam, ctc_weight=ctc_weight)
         return speech_scores(hyps, list(data.transcripts)), hyps
 
     def image_grids(self, paths: list) -> Tensor:

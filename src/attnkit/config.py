@@ -158,6 +158,9 @@ class DecodeConfig:
     max_caption_len: int = 30  # captioners: the longest caption generated
     batch_size: int = 64
     max_source_tokens: int = 1024  # a longer source sentence (in subwords) is refused with one line, not decoded
+    # a speech model trained with joint CTC: CTC's share λ of a search's scores (joint CTC/attention decoding,
+    # attnkit.decode.ctc); 0: the attention decoder's alone
+    ctc_weight: float = 0.0
 
 
 @dataclass

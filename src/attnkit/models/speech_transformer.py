@@ -8,8 +8,8 @@ in time (and in frequency), then attnkit's Transformer encoder-decoder spells ch
 With ``ctc_weight`` above zero the encoder also learns CTC (Kim, Hori and Watanabe, ICASSP 2017, as ESPnet trains
 its Speech Transformers): a linear layer reads the characters off each encoder frame, and the training loss is
 ``(1 - w) * attention loss + w * CTC's -log p(y | x)``, which pushes the encoder to hold the characters in order
-before the decoder has learned to find them. Decoding is the decoder's alone; ``ctc_weight = 0`` is Dong et al.'s
-model.
+before the decoder has learned to find them; a search may then score by both (``decode.ctc_weight``,
+:mod:`attnkit.decode.ctc`). ``ctc_weight = 0`` is Dong et al.'s model.
 
 The projected frames are scaled by sqrt(d_model) as the Transformer scales its token embeddings (and ESPnet its
 subsampled frames): unscaled, they start some eight times smaller than the positions they are added to, so that
@@ -121,9 +121,13 @@ class SpeechTransformer(EncoderDecoder):
             return out
         w = self.cfg.ctc_weight
         characters = targets.ne(PAD) & targets.ne(EOS)
-        log_probs = self.ctc_output(memory.states).log_softmax(-1)
-        ctc = ctc_nll(log_probs, memory.padding_mask.logical_not().sum(1), targets, characters.sum(1), blank=PAD)
+        frames = memory.padding_mask.logical_not().sum(1)
+        ctc = ctc_nll(self.ctc_log_probs(memory), frames, targets, characters.sum(1), blank=PAD)
         return replace(out, loss=(1 - w) * out.loss + w * ctc)
+
+    def ctc_log_probs(self, memory: Memory) -> Tensor:
+        """CTC's log-probabilities of each encoder frame's label (blank: PAD): memory [B, T, d] -> [B, T, V]."""
+        return self.ctc_output(memory.states).log_softmax(-1)
 
 
 def build_speech_transformer(cfg: SpeechTransformerConfig, n_mels: int, vocab_size: int) -> SpeechTransformer:
