@@ -3,7 +3,8 @@ bench/results/<name>.json.
 
 The test strings are made of FSDD's test recordings only (index 0-4 of every digit and speaker; with
 ``data.held_out_speaker`` all of that speaker's recordings), never heard in training (attnkit.data.speech). The
-chosen checkpoint (``best`` by validation CER) transcribes them with its config's beam; jiwer scores CER and WER,
+chosen checkpoint (``best`` by validation CER) transcribes them with its config's beam and ``decode.ctc_weight``
+(joint CTC/attention decoding, attnkit.decode.ctc); jiwer scores CER and WER,
 and the digit error rate is the WER (each digit is a word); string accuracy is the share transcribed exactly.
 
     python bench/fsdd_digits.py --run-dir runs/fsdd_digits_las --train-command "..." [--strings 500]
@@ -39,6 +40,8 @@ def main() -> int:
     ap.add_argument("--checkpoint", default="best")
     ap.add_argument("--strings", type=int, default=500, help="test strings (seeded: always the same ones)")
     ap.add_argument("--beam", type=int, default=None)
+    ap.add_argument("--ctc-weight", type=float, default=None,
+                    help="CTC's share of the search's scores (default: the run's decode.ctc_weight)")
     ap.add_argument("--data-dir")
     ap.add_argument("--out", help="default: bench/results/<the run's config name>.json")
     args = ap.parse_args()
@@ -50,7 +53,7 @@ def main() -> int:
                          split="test", max_digits=cfg.data.max_digits)
     from attnkit.evaluate.speech import speech_scores
 
-    hyps = model.transcribe(test.audio, beam=args.beam)
+    hyps = model.transcribe(test.audio, beam=args.beam, ctc_weight=args.ctc_weight)
     scores = speech_scores(hyps, test.transcripts)
     metrics = {"test_cer": round(scores["cer"], 2), "test_digit_error_rate": round(scores["wer"], 2),
                "test_string_accuracy": round(scores["string_accuracy"], 2), "test_strings": len(hyps),
@@ -61,11 +64,14 @@ def main() -> int:
     name = cfg.name + (f"_heldout_{held_out}" if held_out and held_out not in cfg.name else "")
     write_results(
         args.out or f"bench/results/{name}.json", name,
-        command=f"{args.train_command} && python bench/fsdd_digits.py --run-dir {args.run_dir}",
+        command=f"{args.train_command} && python bench/fsdd_digits.py --run-dir {args.run_dir}" + "".join(
+            f" --{name.replace('_', '-')} {value}" for name, value in vars(args).items()
+            if name not in ("run_dir", "train_command", "out") and value != ap.get_default(name)),
         metrics=metrics, family=cfg.model.family, checkpoint=model.path.name, step=last["step"],
         epochs=last["epoch"], train_minutes=round(last["train_seconds"] / 60, 2), best_step=progress["step"],
         parameters=sum(p.numel() for p in model.module.parameters()), curve=curve(run),
         held_out_speaker=held_out or None, beam=args.beam or cfg.decode.beam_size,
+        ctc_weight=cfg.decode.ctc_weight if args.ctc_weight is None else args.ctc_weight,
         split="FSDD test recordings (index 0-4)" if not held_out else f"all recordings of {held_out}",
         examples=[{"reference": r, "hypothesis": h} for r, h in list(zip(test.transcripts, hyps))[:10]])
     return 0
