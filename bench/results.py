@@ -783,6 +783,8 @@ def _speech_row(label: str, data: str, r: dict, key: str) -> str:
 LIGHTER_AUGMENTATION = "the earlier recipe's fewer strings and lighter SpecAugment"
 # runs of the recipe's config whose trainer fitted the schedule's end from the speed over warmup alone
 FITTED_AT_WARMUP = "its schedule's end fitted at warmup alone"
+# the recipe's run decoded without CTC's prefix scores
+ATTENTION_DECODING = "the recipe's run decoded by its attention decoder alone"
 EARLIER_CONFIG = {"fsdd_digits_speech_transformer_one_thread": "the earlier, lower CTC weight",
                   "fsdd_digits_speech_transformer_lower_ctc_weight": "the earlier, lower CTC weight",
                   "fsdd_digits_las_lighter_augmentation": LIGHTER_AUGMENTATION,
@@ -790,10 +792,8 @@ EARLIER_CONFIG = {"fsdd_digits_speech_transformer_one_thread": "the earlier, low
                   "fsdd_digits_las_more_augment": FITTED_AT_WARMUP,
                   "fsdd_digits_las_one_thread": LIGHTER_AUGMENTATION,
                   "multi30k_speech_speech_transformer_without_ctc": "without joint CTC, as Dong et al. train it",
-                  "multi30k_speech_speech_transformer_attention_decoding":
-                      "the recipe's run decoded by its attention decoder alone, beam 4",
-                  "multi30k_speech_speech_transformer_attention_decoding_beam_8":
-                      "the recipe's run decoded by its attention decoder alone, beam 8",
+                  "multi30k_speech_speech_transformer_attention_decoding": ATTENTION_DECODING,
+                  "multi30k_speech_speech_transformer_attention_decoding_beam_8": ATTENTION_DECODING,
                   **{f"fsdd_digits_las_heldout_{speaker}": LIGHTER_AUGMENTATION for speaker in ("nicolas", "theo",
                                                                                                 "yweweler")}}
 
@@ -835,19 +835,22 @@ SPEECH_MULTI30K = [("multi30k_speech_las", "LAS"), ("multi30k_speech_speech_tran
 
 def block_speech_multi30k(results: dict) -> str:
     """`make multi30k-speech`: each family on test2016 spoken in the training voices and in the held-out voice."""
-    rows = ["| model | training minutes | test2016 CER | WER | string accuracy | held-out voice CER | WER | JSON |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | decoding | training minutes | test2016 CER | WER | string accuracy | held-out voice CER | WER | "
+            "JSON |", "|---|---|---|---|---|---|---|---|---|"]
     runs = []
     for name, label in SPEECH_MULTI30K:
         if name not in results:
-            rows.append(f"| {label} |" + f" {NOT_RECORDED} |" * 6 + f" no {name}.json |")
+            rows.append(f"| {label} |" + f" {NOT_RECORDED} |" * 7 + f" no {name}.json |")
         # the recipe's run, then the runs beside it (a changed setting each, said in the model column)
         for key in (name, *sorted(k for k in results if k.startswith(f"{name}_"))):
             if key not in results:
                 continue
             r, m = results[key], results[key].get("metrics", {})
             model = label if key == name else f"{label}, {_differs(r, key)}"
-            rows.append(f"| {model} | {minutes(r)} | {number(m.get('test_cer'))} | {number(m.get('test_wer'))} | "
+            w = r.get("ctc_weight")
+            decoding = f"beam {r.get('beam', NOT_RECORDED)}, " + (f"CTC's share {w}" if w else "the decoder alone")
+            rows.append(f"| {model} | {decoding} | {minutes(r)} | {number(m.get('test_cer'))} | "
+                        f"{number(m.get('test_wer'))} | "
                         f"{number(m.get('test_string_accuracy'))} | {number(m.get('held_out_voice_cer'))} | "
                         f"{number(m.get('held_out_voice_wer'))} | {link(key, '../bench/results/')} |")
             runs.append((label, key))
