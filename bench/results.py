@@ -857,6 +857,24 @@ def block_speech_multi30k(results: dict) -> str:
     return "\n".join(rows) + _validation_curves(results, runs) + "\n"
 
 
+def block_speech_decoding(results: dict) -> str:
+    """bench/decoding_sweep.py: each speech run's decodings scored on its validation split, the chosen one first."""
+    sweeps = sorted(k for k in results if k.startswith("decoding_sweep_"))
+    if not sweeps:
+        return absent("decoding_sweep_multi30k_speech_speech_transformer")
+    rows = ["| run | beam | CTC's share | validation CER | WER | string accuracy | JSON |",
+            "|---|---|---|---|---|---|---|"]
+    for key in sweeps:
+        m = results[key].get("metrics", {})
+        chosen = m.get("chosen", {})
+        for row in m.get("rows", []):
+            pick = row.get("beam") == chosen.get("beam") and row.get("ctc_weight") == chosen.get("ctc_weight")
+            rows.append(f"| {key.removeprefix('decoding_sweep_')}{' (chosen)' if pick else ''} | {row.get('beam')} | "
+                        f"{row.get('ctc_weight')} | {number(row.get('valid_cer'))} | {number(row.get('valid_wer'))} | "
+                        f"{number(row.get('valid_string_accuracy'))} | {link(key, '../bench/results/')} |")
+    return "\n".join(rows) + "\n"
+
+
 def block_sst2_pretraining(results: dict) -> str:
     r = results.get("sst2_pretraining")
     if r is None:
@@ -1458,6 +1476,7 @@ BLOCKS = {
     "vqa": ("docs/results.md", block_vqa),
     "speech": ("docs/results.md", block_speech),
     "speech-multi30k": ("docs/results.md", block_speech_multi30k),
+    "speech-decoding": ("docs/results.md", block_speech_decoding),
     "complexity": ("docs/results.md", block_complexity),
     "sources": ("docs/results.md", block_sources),
     "readme": ("README.md", block_readme),

@@ -235,6 +235,9 @@ def test_tiny_las_transcribes_unseen_recordings_far_better_than_chance(tiny_las_
     attention = one.hypotheses[0].attention
     assert attention.shape == (len(one.hypotheses[0].tokens) + 1, one.memory_frames)
     torch.testing.assert_close(attention.sum(-1), torch.ones(attention.size(0)))
+    # joint CTC/attention decoding needs a CTC layer, which LAS has not: one line naming the checkpoint
+    with pytest.raises(AttnkitError, match=rf"^{run}.*: decode.ctc_weight = 0.3 needs a model trained with joint CTC"):
+        model.transcribe(test.audio[0], ctc_weight=0.3)
 
 
 def test_cli_transcribe_and_evaluate(tiny_las_run, tmp_path):
