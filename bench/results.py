@@ -738,8 +738,8 @@ SPEAKERS = ("george", "jackson", "nicolas", "theo", "yweweler")
 
 def block_speech(results: dict) -> str:
     """`make fsdd-digits`: each family on test strings of unseen recordings, then its speaker-held-out folds."""
-    rows = ["| model | data | training minutes | CER | WER (digit error rate) | string accuracy | JSON |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| model | data | decoding | training minutes | CER | WER (digit error rate) | string accuracy | JSON |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, label in SPEECH:
         for speaker in ("", *SPEAKERS):
             key = f"{name}_heldout_{speaker}" if speaker else name
@@ -748,8 +748,7 @@ def block_speech(results: dict) -> str:
                 data += f"; {EARLIER_CONFIG[key]}"
             r = results.get(key)
             if r is None:
-                rows.append(f"| {label} | {data} | {NOT_RECORDED} | {NOT_RECORDED} | {NOT_RECORDED} | "
-                            f"{NOT_RECORDED} | no {key}.json |")
+                rows.append(f"| {label} | {data} |" + f" {NOT_RECORDED} |" * 5 + f" no {key}.json |")
                 continue
             rows.append(_speech_row(label, data, r, key))
         for key in sorted(k for k in results if k.startswith(f"{name}_") and "_heldout_" not in k):
@@ -772,9 +771,15 @@ def _validation_curves(results: dict, runs: list[tuple[str, str]]) -> str:
             if curves else "")
 
 
+def _decoding(r: dict) -> str:
+    """How a speech JSON's transcripts were searched: the beam, and CTC's share of the scores where it had one."""
+    w = r.get("ctc_weight")
+    return f"beam {r.get('beam', NOT_RECORDED)}, " + (f"CTC's share {w}" if w else "the decoder alone")
+
+
 def _speech_row(label: str, data: str, r: dict, key: str) -> str:
     m = r.get("metrics", {})
-    return (f"| {label} | {data} | {minutes(r)} | {number(m.get('test_cer'))} | "
+    return (f"| {label} | {data} | {_decoding(r)} | {minutes(r)} | {number(m.get('test_cer'))} | "
             f"{number(m.get('test_digit_error_rate'))} | {number(m.get('test_string_accuracy'))} | "
             f"{link(key, '../bench/results/')} |")
 
@@ -793,6 +798,8 @@ EARLIER_CONFIG = {"fsdd_digits_speech_transformer_one_thread": "the earlier, low
                   "fsdd_digits_las_one_thread": LIGHTER_AUGMENTATION,
                   "multi30k_speech_speech_transformer_without_ctc": "without joint CTC, as Dong et al. train it",
                   "multi30k_speech_speech_transformer_attention_decoding": ATTENTION_DECODING,
+                  "fsdd_digits_speech_transformer_attention_decoding": ATTENTION_DECODING,
+                  "fsdd_digits_speech_transformer_earlier_run": "an earlier run of the recipe's training settings",
                   "multi30k_speech_speech_transformer_attention_decoding_beam_8": ATTENTION_DECODING,
                   **{f"fsdd_digits_las_heldout_{speaker}": LIGHTER_AUGMENTATION for speaker in ("nicolas", "theo",
                                                                                                 "yweweler")}}
@@ -847,9 +854,7 @@ def block_speech_multi30k(results: dict) -> str:
                 continue
             r, m = results[key], results[key].get("metrics", {})
             model = label if key == name else f"{label}, {_differs(r, key)}"
-            w = r.get("ctc_weight")
-            decoding = f"beam {r.get('beam', NOT_RECORDED)}, " + (f"CTC's share {w}" if w else "the decoder alone")
-            rows.append(f"| {model} | {decoding} | {minutes(r)} | {number(m.get('test_cer'))} | "
+            rows.append(f"| {model} | {_decoding(r)} | {minutes(r)} | {number(m.get('test_cer'))} | "
                         f"{number(m.get('test_wer'))} | "
                         f"{number(m.get('test_string_accuracy'))} | {number(m.get('held_out_voice_cer'))} | "
                         f"{number(m.get('held_out_voice_wer'))} | {link(key, '../bench/results/')} |")
