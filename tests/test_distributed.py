@@ -65,6 +65,29 @@ def test_each_rank_leaves_the_process_group_before_it_exits(tmp_path):
     assert out.stdout.count("in the group at exit: False, gloo workers: 0") == 2, out.stdout
 
 
+def test_a_rank_ends_after_its_exit_handlers_with_its_status_and_its_output_flushed(tmp_path):
+    """attnkit.train.distributed.end_process: the exit handlers run (leaving the group is one), what the rank
+    printed reaches its pipe, and the process ends with the command's status, without the interpreter's
+    finalization (which would have run an object's ``__del__``: the same script ending by SystemExit does)."""
+    script = """import atexit, sys
+from attnkit.train import distributed
+class Kept:
+    def __del__(self):  # called as finalization clears the module's names, else never
+        print("finalized", file=sys.stderr)
+kept = Kept()
+atexit.register(print, "exit handler ran")
+print("the rank's result", end="")  # buffered: no newline, a pipe
+distributed.end_process(3)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 3, out.stderr
+    assert out.stdout == "the rank's resultexit handler ran\n"
+    assert "finalized" not in out.stderr
+    control = subprocess.run([sys.executable, "-c", script.replace("distributed.end_process(3)", "sys.exit(3)")],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert control.returncode == 3 and "finalized" in control.stderr
+
+
 def _weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run / "checkpoints" / "last" / "model.safetensors"))
 

@@ -115,12 +115,18 @@ def main(argv: list[str] | None = None) -> int:
             from attnkit.threads import configure
 
             configure(getattr(args, "threads", None))  # before any work: see attnkit.threads for the default
-        return args.func(args)
+        code = args.func(args)
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # the one place errors become lines: AttnkitError, OS and file-format errors, bugs
         return _report(e)
+    # a rank of a distributed run (the process's own command line) ends as attnkit.train.distributed.end_process
+    # says why; the module is only consulted where the command imported it
+    distributed = sys.modules.get("attnkit.train.distributed")
+    if argv is None and distributed is not None and distributed.joined():
+        distributed.end_process(code)
+    return code
 
 
 def _load_plugins(files: list[str]) -> None:
