@@ -23,7 +23,7 @@ logsumexp (float64, whose cumulative sums of hundreds of frames' log-probabiliti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -160,17 +160,15 @@ class JointCTC(nn.Module):
     def step(self, tokens: Tensor, state: JointState, need_weights: bool = False):
         """tokens [N] (BOS at the first step) -> (joint log-scores [N, V], the new state, the decoder's attention)."""
         log_probs, inner, attn = self.decoder.step(tokens, state.inner, need_weights)
-        s, grown = state, tokens != BOS  # the hypotheses grow by the tokens they took (none at the first step)
-        if bool(grown.any()):
+        s, grown = replace(state, inner=inner), tokens != BOS  # the hypotheses grow by the tokens they took
+        if bool(grown.any()):  # (none at the first step)
             new_n, new_b = extend(s.gamma_n, s.gamma_b, s.last, s.empty, s.log_x, tokens)
             psi = s.extensions.gather(1, tokens[:, None]).squeeze(1)
             g = grown[:, None]
             gamma_n, gamma_b = torch.where(g, new_n, s.gamma_n), torch.where(g, new_b, s.gamma_b)
             last, empty, psi = torch.where(grown, tokens, s.last), s.empty & ~grown, torch.where(grown, psi, s.psi)
-            extensions = prefix_scores(gamma_n, gamma_b, last, empty, s.log_x, s.frames)
-            s = JointState(inner, s.log_x, s.frames, gamma_n, gamma_b, last, empty, psi, extensions)
-        else:
-            s = JointState(inner, s.log_x, s.frames, s.gamma_n, s.gamma_b, s.last, s.empty, s.psi, s.extensions)
+            s = replace(s, gamma_n=gamma_n, gamma_b=gamma_b, last=last, empty=empty, psi=psi,
+                        extensions=prefix_scores(gamma_n, gamma_b, last, empty, s.log_x, s.frames))
         ctc = (s.extensions - s.psi[:, None]).nan_to_num(nan=NEG_INF)  # an impossible prefix extends to nothing
         w = self.ctc_weight
         return ((1 - w) * log_probs.double() + w * ctc).to(log_probs.dtype), s, attn

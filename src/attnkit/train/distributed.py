@@ -17,7 +17,6 @@ import torch.distributed as dist
 from attnkit.errors import AttnkitError
 
 _device = torch.device("cpu")  # where this process's collectives run: NCCL takes only CUDA tensors
-_joined = False  # this process joined a process group (setup)
 
 
 def training_device(name: str) -> torch.device:
@@ -46,7 +45,7 @@ def deterministic_cuda() -> None:
 def setup(device: torch.device | None = None) -> tuple[int, int]:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1): NCCL for CUDA, gloo for the CPU.
     Returns (rank, world size)."""
-    global _device, _joined
+    global _device
     world = int(os.environ.get("WORLD_SIZE", "1"))
     _device = device = device or torch.device("cpu")
     if world > 1 and not dist.is_initialized():
@@ -56,7 +55,6 @@ def setup(device: torch.device | None = None) -> tuple[int, int]:
         import torch.distributed.nn.functional as _  # noqa: F401
 
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        _joined = True
         atexit.register(leave)
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -73,8 +71,8 @@ def leave() -> None:
 
 
 def joined() -> bool:
-    """Whether this process joined a process group (:func:`setup`)."""
-    return _joined
+    """Whether this process is in a process group (:func:`setup` joined one, :func:`leave` has not left it)."""
+    return dist.is_initialized()
 
 
 def end_process(code: int) -> NoReturn:
@@ -85,11 +83,10 @@ def end_process(code: int) -> NoReturn:
     Why: leaving the group does not stop gloo's worker threads while anything still holds the group's backend, and a
     worker that finishes a collective (a barrier holds the collectives before it) may then drop the last reference to
     a tensor that Python made, which needs the GIL. Once finalization has begun, CPython ends a thread that asks for
-    the GIL with pthread_exit, whose unwinding through the worker's noexcept destructor calls std::terminate: the
-    rank died by SIGABRT ("terminate called without an active exception") after its work was done, in 2 of 20 FSDP
-    runs with jemalloc preloaded and two other processes busy (the core dumps' stacks: ProcessGroupGloo::runLoop,
-    ~AsyncBarrierWork, ~AsyncAllgatherCoalescedWork, gil_scoped_acquire, take_gil, pthread_exit). Without
-    finalization no thread is asked to unwind; the files a rank wrote were closed before its command returned."""
+    the GIL with pthread_exit, whose unwinding through the worker's noexcept destructor (~AsyncBarrierWork) calls
+    std::terminate: the rank would die by SIGABRT ("terminate called without an active exception") after its work
+    was done. Without finalization no thread is asked to unwind; the files a rank wrote were closed before its
+    command returned."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
